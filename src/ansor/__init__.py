@@ -1,0 +1,1 @@
+"""ansor: an auto-scheduler for tensor programs."""
