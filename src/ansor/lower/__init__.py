@@ -1,0 +1,1 @@
+"""Lowering: schedules to the loop IR."""

@@ -1,0 +1,248 @@
+"""C code generation for the CPU: OpenMP for parallel loops, `omp simd` for vectorized loops,
+GCC unroll pragmas for unrolled loops, small local arrays for attached stages.
+
+Every user-given name passes through `CNames`, which keeps only [A-Za-z0-9_], avoids C keywords
+and makes names unique, so no declaration text reaches the compiler unsanitized.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from ansor.lower import ir
+from ansor.te import expr as E
+from ansor.te.arith import const_bounds, simplify
+
+C_TYPES = {"float32": "float", "float64": "double", "int32": "int32_t", "int64": "int64_t", "bool": "bool"}
+STACK_LIMIT_BYTES = 64 * 1024  # larger attached buffers go to the heap
+
+_C_KEYWORDS = set("""auto break case char const continue default do double else enum extern float for
+goto if inline int long register restrict return short signed sizeof static struct switch typedef
+union unsigned void volatile while bool main number""".split())
+
+_PRELUDE = """\
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
+
+static inline int32_t ansor_floordiv_i32(int32_t a, int32_t b) { int32_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
+static inline int32_t ansor_floormod_i32(int32_t a, int32_t b) { int32_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+static inline int64_t ansor_floordiv_i64(int64_t a, int64_t b) { int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
+static inline int64_t ansor_floormod_i64(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+static inline float ansor_max_f32(float a, float b) { return a > b ? a : b; }
+static inline float ansor_min_f32(float a, float b) { return a < b ? a : b; }
+static inline double ansor_max_f64(double a, double b) { return a > b ? a : b; }
+static inline double ansor_min_f64(double a, double b) { return a < b ? a : b; }
+static inline int32_t ansor_max_i32(int32_t a, int32_t b) { return a > b ? a : b; }
+static inline int32_t ansor_min_i32(int32_t a, int32_t b) { return a < b ? a : b; }
+static inline int64_t ansor_max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int64_t ansor_min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+"""
+
+_SUFFIX = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64"}
+
+
+class CNames:
+    """Maps objects to unique, sanitized C identifiers."""
+
+    def __init__(self, reserved=()):
+        self.used: set[str] = set(reserved)
+        self.names: dict[int, str] = {}
+
+    def __call__(self, obj, hint: str) -> str:
+        key = id(obj)
+        if key not in self.names:
+            base = re.sub(r"[^A-Za-z0-9_]", "_", hint) or "v"
+            base = re.sub(r"_+", "_", base).strip("_") or "v"
+            if base[0].isdigit():
+                base = "v" + base
+            if base in _C_KEYWORDS or base.startswith("ansor_"):
+                base = base + "_"
+            cand, k = base, 1
+            while cand in self.used:
+                cand = f"{base}_{k}"
+                k += 1
+            self.used.add(cand)
+            self.names[key] = cand
+        return self.names[key]
+
+
+def sanitize_identifier(name: str) -> str:
+    return CNames()(object(), name)
+
+
+class CCodegen:
+    def __init__(self, func: ir.PrimFunc):
+        self.func = func
+        self.names = CNames()
+        self.ranges: dict[int, tuple[int, int]] = {}
+        self.lines: list[str] = []
+        self.fname = self.names(func, func.name)
+
+    # --- expressions ------------------------------------------------------------------------
+    def expr(self, e: E.Expr) -> str:
+        if isinstance(e, E.Const):
+            return _literal(e)
+        if isinstance(e, E.Var):
+            return self.names(e, e.name)
+        if isinstance(e, ir.BufferLoad):
+            return f"{self.names(e.buffer, e.buffer.name)}[{self.flat_index(e.buffer, e.indices)}]"
+        if isinstance(e, E.BinOp):
+            a, b = self.expr(e.a), self.expr(e.b)
+            if e.op in ("min", "max"):
+                return f"ansor_{e.op}_{_SUFFIX[e.dtype]}({a}, {b})"
+            if e.op in ("//", "%"):
+                lo, _ = const_bounds(e.a, self.ranges)
+                blo, _ = const_bounds(e.b, self.ranges)
+                if lo >= 0 and blo > 0:
+                    return f"({a} {'/' if e.op == '//' else '%'} {b})"
+                fn = "floordiv" if e.op == "//" else "floormod"
+                return f"ansor_{fn}_{_SUFFIX[e.dtype]}({a}, {b})"
+            return f"({a} {e.op} {b})"
+        if isinstance(e, E.Compare):
+            return f"({self.expr(e.a)} {e.op} {self.expr(e.b)})"
+        if isinstance(e, E.Logical):
+            if e.op == "not":
+                return f"(!{self.expr(e.args[0])})"
+            joiner = " && " if e.op == "and" else " || "
+            return "(" + joiner.join(self.expr(a) for a in e.args) + ")"
+        if isinstance(e, E.Select):
+            return f"({self.expr(e.cond)} ? {self.expr(e.a)} : {self.expr(e.b)})"
+        if isinstance(e, E.Cast):
+            return f"(({C_TYPES[e.dtype]}){self.expr(e.value)})"
+        if isinstance(e, E.Call):
+            return self.call(e)
+        raise TypeError(f"cannot generate C for {type(e).__name__}")
+
+    def call(self, e: E.Call) -> str:
+        args = [self.expr(a) for a in e.args]
+        f = "f" if e.dtype == "float32" else ""
+        one = "1.0f" if e.dtype == "float32" else "1.0"
+        if e.func == "rsqrt":
+            return f"({one} / sqrt{f}({args[0]}))"
+        if e.func == "sigmoid":
+            return f"({one} / ({one} + exp{f}(-({args[0]}))))"
+        if e.func == "abs":
+            if E.is_int(e.dtype):
+                return f"({args[0]} < 0 ? -({args[0]}) : {args[0]})"
+            return f"fabs{f}({args[0]})"
+        return f"{e.func}{f}({', '.join(args)})"
+
+    def flat_index(self, buf: ir.Buffer, indices) -> str:
+        flat = None
+        for idx, stride in zip(indices, buf.strides()):
+            term = idx if stride == 1 else idx * stride
+            flat = term if flat is None else flat + term
+        if flat is None:
+            return "0"
+        return self.expr(simplify(flat, self.ranges))
+
+    # --- statements -------------------------------------------------------------------------
+    def emit(self, line: str, depth: int) -> None:
+        self.lines.append("  " * depth + line)
+
+    def stmt(self, s: ir.Stmt, depth: int, in_parallel: bool) -> None:
+        if isinstance(s, ir.Seq):
+            for x in s.stmts:
+                self.stmt(x, depth, in_parallel)
+        elif isinstance(s, ir.For):
+            self.loop(s, depth, in_parallel)
+        elif isinstance(s, ir.Store):
+            name = self.names(s.buffer, s.buffer.name)
+            self.emit(f"{name}[{self.flat_index(s.buffer, s.indices)}] = {self.expr(s.value)};", depth)
+        elif isinstance(s, ir.IfThenElse):
+            self.emit(f"if ({self.expr(s.cond)}) {{", depth)
+            self.stmt(s.then, depth + 1, in_parallel)
+            if s.orelse is not None:
+                self.emit("} else {", depth)
+                self.stmt(s.orelse, depth + 1, in_parallel)
+            self.emit("}", depth)
+        elif isinstance(s, ir.Allocate):
+            self.allocate(s, depth, in_parallel)
+        elif isinstance(s, ir.Barrier):
+            self.emit("/* barrier: no-op on the CPU */", depth)
+        else:
+            raise TypeError(f"cannot generate C for {type(s).__name__}")
+
+    def loop(self, s: ir.For, depth: int, in_parallel: bool) -> None:
+        var = self.names(s.var, s.var.name)
+        self.ranges[id(s.var)] = (0, s.extent - 1)
+        has_inner_loop = any(isinstance(x, ir.For) for x in ir.walk_stmts(s.body))
+        child_parallel = in_parallel
+        if s.kind == "parallel" and not in_parallel:
+            self.emit("#pragma omp parallel for", depth)
+            child_parallel = True
+        elif s.kind == "vectorized" and not has_inner_loop:
+            self.emit("#pragma omp simd", depth)
+        elif s.kind == "unrolled" or s.unroll_hint:
+            self.emit(f"#pragma GCC unroll {min(s.extent, 65534)}", depth)
+        self.emit(f"for (int32_t {var} = 0; {var} < {s.extent}; ++{var}) {{", depth)
+        self.stmt(s.body, depth + 1, child_parallel)
+        self.emit("}", depth)
+
+    def allocate(self, s: ir.Allocate, depth: int, in_parallel: bool) -> None:
+        b = s.buffer
+        name = self.names(b, b.name)
+        ctype = C_TYPES[b.dtype]
+        self.emit("{", depth)
+        on_heap = b.nbytes > STACK_LIMIT_BYTES
+        if on_heap:
+            nbytes = -(-b.nbytes // 64) * 64
+            self.emit(f"{ctype}* restrict {name} = ({ctype}*)aligned_alloc(64, {nbytes});", depth + 1)
+        else:
+            self.emit(f"{ctype} {name}[{b.size}] __attribute__((aligned(64)));", depth + 1)
+        self.stmt(s.body, depth + 1, in_parallel)
+        if on_heap:
+            self.emit(f"free({name});", depth + 1)
+        self.emit("}", depth)
+
+    # --- function ---------------------------------------------------------------------------
+    def generate(self) -> str:
+        params = []
+        for b in self.func.params:
+            const = "const " if b.role == "input" else ""
+            params.append(f"{const}{C_TYPES[b.dtype]}* restrict {self.names(b, b.name)}")
+        self.lines = []
+        self.stmt(self.func.body, 1, False)
+        body = "\n".join(self.lines)
+        args = ", ".join(self.names(b, b.name) for b in self.func.params)
+        sig = ", ".join(params)
+        return (
+            _PRELUDE
+            + f"\nvoid {self.fname}({sig}) {{\n{body}\n}}\n\n"
+            + f"double {self.fname}_timed(long long number, {sig}) {{\n"
+            + "  struct timespec t0, t1;\n"
+            + "  clock_gettime(CLOCK_MONOTONIC, &t0);\n"
+            + f"  for (long long r = 0; r < number; ++r) {self.fname}({args});\n"
+            + "  clock_gettime(CLOCK_MONOTONIC, &t1);\n"
+            + "  return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);\n"
+            + "}\n"
+        )
+
+
+def _literal(c: E.Const) -> str:
+    if c.dtype == "bool":
+        return "true" if c.value else "false"
+    if E.is_float(c.dtype):
+        v = c.value
+        if math.isinf(v):
+            return "(-INFINITY)" if v < 0 else "INFINITY"
+        if math.isnan(v):
+            return "NAN"
+        text = repr(float(v))
+        if "e" not in text and "." not in text:
+            text += ".0"
+        text = f"{text}f" if c.dtype == "float32" else text
+        return f"({text})" if v < 0 else text
+    if c.dtype == "int64":
+        return f"{c.value}LL" if c.value >= 0 else f"({c.value}LL)"
+    return str(c.value) if c.value >= 0 else f"({c.value})"
+
+
+def generate_c(func: ir.PrimFunc) -> tuple[str, str]:
+    """(C source, entry function name). The source also defines `<entry>_timed(number, ...)`."""
+    gen = CCodegen(func)
+    return gen.generate(), gen.fname

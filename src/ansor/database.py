@@ -1,0 +1,786 @@
+"""The records database: every measured program, kept in one SQLite file.
+
+A tuning run measures candidate programs and each measurement becomes a
+:class:`Record`. A program is stored only as its list of schedule steps (a
+JSON-able list of lists) plus ``state_key``, a canonical string identifying
+the program, so a later run can skip re-measuring it and can replay the best
+one without keeping any compiled artefact.
+
+The file uses SQLite in WAL mode so several processes (a tuner, ``ansor
+show``, a second tuner) can share it; every batch of records is committed in
+one transaction, so an interrupted run loses at most the batch in flight.
+
+The file is stamped with :data:`APPLICATION_ID` and carries a ``meta`` table
+with the schema version. Opening refuses anything else -- a file that is not
+SQLite, another application's database, or a schema newer than this code --
+with a :class:`DatabaseError` rather than writing into it.
+
+JSONL interchange (:meth:`Database.export_jsonl` / :meth:`Database.import_jsonl`)
+writes one JSON object per line, in this order:
+
+* ``{"workload": {"key": ..., "description": {...}, "flop": ..., "created": ...}}``
+  for each workload the exported records refer to,
+* ``{"target": {"key": ..., "description": {...}}}`` for each target,
+* one :meth:`Record.to_json` object per record, in insertion order.
+
+Importing skips blank lines and lines starting with ``#``, so such a file can
+be annotated by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "APPLICATION_ID",
+    "RECORD_FORMAT_VERSION",
+    "SCHEMA_VERSION",
+    "Database",
+    "DatabaseError",
+    "Record",
+    "default_database_path",
+]
+
+#: Version tag written into every record; records with another tag are refused.
+RECORD_FORMAT_VERSION = "ansor-1"
+
+#: ``PRAGMA application_id`` stamped on ansor databases ("ANSR" in ASCII), so a
+#: foreign SQLite file is recognised before anything is written into it.
+APPLICATION_ID = 0x414E5352
+
+#: Version of the table layout below; stored in the ``meta`` table.
+SCHEMA_VERSION = 1
+
+_BUSY_TIMEOUT_S = 10.0
+_SQLITE_HEADER = b"SQLite format 3\x00"
+_JSON_SEPARATORS = (",", ":")
+
+_SCHEMA = """
+CREATE TABLE meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE workloads (
+    key         TEXT PRIMARY KEY,
+    description TEXT NOT NULL,  -- JSON object
+    flop        REAL NOT NULL DEFAULT 0,
+    created     REAL NOT NULL
+);
+CREATE TABLE targets (
+    key         TEXT PRIMARY KEY,
+    description TEXT NOT NULL   -- JSON object
+);
+CREATE TABLE records (
+    id           INTEGER PRIMARY KEY,
+    workload_key TEXT NOT NULL,
+    target_key   TEXT NOT NULL,
+    state_key    TEXT NOT NULL,
+    steps        TEXT NOT NULL,  -- JSON list
+    costs        TEXT NOT NULL,  -- JSON list of seconds
+    median_cost  REAL,           -- NULL unless the record is ok
+    error_no     INTEGER NOT NULL,
+    error_msg    TEXT NOT NULL,
+    all_cost     REAL NOT NULL,
+    timestamp    REAL NOT NULL,
+    version      TEXT NOT NULL
+);
+CREATE INDEX records_by_cost ON records (workload_key, target_key, median_cost);
+CREATE INDEX records_by_state ON records (workload_key, target_key, state_key);
+"""
+
+_RECORD_COLUMNS = (
+    "workload_key, target_key, state_key, steps, costs, median_cost,"
+    " error_no, error_msg, all_cost, timestamp, version"
+)
+
+
+class DatabaseError(Exception):
+    """A records file or JSONL line that cannot be used as it is.
+
+    Raised instead of raw ``sqlite3`` errors so callers (and the CLI) can
+    report one clear message naming the file and the problem.
+    """
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=_JSON_SEPARATORS)
+
+
+def _canonical_steps(steps: Any) -> list:
+    """Return ``steps`` as it will read back from JSON (tuples become lists).
+
+    Normalising on construction makes a fresh record compare equal to the
+    same record loaded from the database, and rejects non-JSON-able steps at
+    the point they are made rather than when the batch is committed.
+    """
+    if not isinstance(steps, (list, tuple)):
+        raise TypeError(f"steps must be a list of steps, got {type(steps).__name__}")
+    try:
+        return json.loads(_dumps(steps))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"steps are not JSON-serialisable: {exc}") from None
+
+
+def _median(costs: tuple[float, ...]) -> float:
+    ordered = sorted(costs)
+    n = len(ordered)
+    mid = n // 2
+    return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+@dataclass(frozen=True)
+class Record:
+    """One measurement of one program on one target.
+
+    ``steps`` is normalised to its JSON form (nested lists) and ``costs`` to
+    a tuple of floats, so records built in memory and records loaded from a
+    file or database compare equal.
+    """
+
+    workload_key: str
+    target_key: str
+    steps: tuple | list
+    state_key: str
+    costs: tuple[float, ...]
+    error_no: int
+    error_msg: str = ""
+    all_cost: float = 0.0
+    timestamp: float = 0.0
+    version: str = RECORD_FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        for name in ("workload_key", "target_key", "state_key", "error_msg", "version"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"Record.{name} must be a str, got {type(getattr(self, name)).__name__}")
+        if isinstance(self.costs, (str, bytes)):
+            raise TypeError("Record.costs must be a sequence of numbers")
+        if isinstance(self.error_no, bool) or not isinstance(self.error_no, int):
+            raise TypeError(f"Record.error_no must be an int, got {type(self.error_no).__name__}")
+        set_ = object.__setattr__
+        set_(self, "steps", _canonical_steps(self.steps))
+        set_(self, "costs", tuple(float(c) for c in self.costs))
+        set_(self, "error_no", int(self.error_no))  # plain int even for IntEnum codes
+        set_(self, "all_cost", float(self.all_cost))
+        set_(self, "timestamp", float(self.timestamp))
+
+    # Lists in ``steps`` would make the generated hash fail; these fields
+    # are enough to tell records apart and agree with ``__eq__``.
+    def __hash__(self) -> int:
+        return hash((self.workload_key, self.target_key, self.state_key, self.timestamp, self.error_no, self.costs))
+
+    @property
+    def median_cost(self) -> float:
+        """Median of ``costs`` in seconds; ``math.inf`` for errors or no costs."""
+        if self.error_no != 0 or not self.costs:
+            return math.inf
+        return _median(self.costs)
+
+    @property
+    def ok(self) -> bool:
+        """True when the program ran correctly and has a finite cost."""
+        return math.isfinite(self.median_cost)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of :meth:`to_json`, with a fixed key order."""
+        return {
+            "version": self.version,
+            "workload_key": self.workload_key,
+            "target_key": self.target_key,
+            "state_key": self.state_key,
+            "steps": self.steps,
+            "costs": list(self.costs),
+            "error_no": self.error_no,
+            "error_msg": self.error_msg,
+            "all_cost": self.all_cost,
+            "timestamp": self.timestamp,
+        }
+
+    def to_json(self) -> str:
+        """One-line JSON (no newline), keys in a stable order for diffable logs."""
+        return _dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, obj: Any) -> Record:
+        """Build a record from a parsed JSON object; raises DatabaseError on bad fields."""
+        if not isinstance(obj, dict):
+            raise DatabaseError(f"record must be a JSON object, got {type(obj).__name__}")
+        version = obj.get("version", RECORD_FORMAT_VERSION)
+        if version != RECORD_FORMAT_VERSION:
+            raise DatabaseError(
+                f"unsupported record version {version!r} (this ansor reads {RECORD_FORMAT_VERSION!r})"
+            )
+        missing = [k for k in ("workload_key", "target_key", "state_key", "steps", "costs", "error_no") if k not in obj]
+        if missing:
+            raise DatabaseError(f"record is missing field(s): {', '.join(missing)}")
+        for name in ("workload_key", "target_key", "state_key"):
+            if not isinstance(obj[name], str):
+                raise DatabaseError(f"record field {name!r} must be a string")
+        if not isinstance(obj["steps"], list):
+            raise DatabaseError("record field 'steps' must be a list")
+        costs = obj["costs"]
+        if not isinstance(costs, list) or not all(_is_number(c) for c in costs):
+            raise DatabaseError("record field 'costs' must be a list of numbers")
+        if isinstance(obj["error_no"], bool) or not isinstance(obj["error_no"], int):
+            raise DatabaseError("record field 'error_no' must be an integer")
+        error_msg = obj.get("error_msg", "")
+        if not isinstance(error_msg, str):
+            raise DatabaseError("record field 'error_msg' must be a string")
+        for name in ("all_cost", "timestamp"):
+            if not _is_number(obj.get(name, 0.0)):
+                raise DatabaseError(f"record field {name!r} must be a number")
+        return cls(
+            workload_key=obj["workload_key"],
+            target_key=obj["target_key"],
+            steps=obj["steps"],
+            state_key=obj["state_key"],
+            costs=tuple(costs),
+            error_no=obj["error_no"],
+            error_msg=error_msg,
+            all_cost=obj.get("all_cost", 0.0),
+            timestamp=obj.get("timestamp", 0.0),
+            version=version,
+        )
+
+    @classmethod
+    def from_json(cls, line: str) -> Record:
+        """Parse one :meth:`to_json` line; raises DatabaseError naming the problem."""
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise DatabaseError(f"invalid JSON: {exc}") from None
+        return cls.from_dict(obj)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def default_database_path() -> Path:
+    """Where records live when no path is given.
+
+    ``$ANSOR_DB`` if set, else ``$XDG_CACHE_HOME/ansor/ansor.db``, else
+    ``~/.cache/ansor/ansor.db``: a cache location, since records can always
+    be re-measured, yet shared by every run of the same user.
+    """
+    explicit = os.environ.get("ANSOR_DB")
+    if explicit:
+        return Path(explicit).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME")
+    base = Path(cache).expanduser() if cache else Path.home() / ".cache"
+    return base / "ansor" / "ansor.db"
+
+
+class Database:
+    """Records of measured programs, with the workloads and targets they belong to.
+
+    Usable as a context manager. Safe to open several times on one file,
+    from several processes: writes wait up to 10 s for a concurrent writer.
+    A single object may also be shared between threads.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path: Path | str = default_database_path() if path is None else path
+        self._memory = str(self.path) == ":memory:"
+        if not self._memory:
+            self.path = Path(self.path)
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = self._open()
+
+    # ------------------------------------------------------------------ opening
+
+    def _fail(self, what: str) -> DatabaseError:
+        return DatabaseError(f"{self.path}: {what}")
+
+    def _open(self) -> sqlite3.Connection:
+        if not self._memory:
+            assert isinstance(self.path, Path)
+            self._check_header(self.path)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise self._fail(f"cannot create directory {self.path.parent}: {exc}") from None
+        try:
+            conn = sqlite3.connect(
+                str(self.path), timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise self._fail(f"cannot open database: {exc}") from None
+        try:
+            self._prepare(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _check_header(self, path: Path) -> None:
+        """Refuse non-SQLite files up front, with a clearer message than sqlite's."""
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(len(_SQLITE_HEADER))
+        except FileNotFoundError:
+            return
+        except IsADirectoryError:
+            raise self._fail("is a directory, not a records database") from None
+        except OSError as exc:
+            raise self._fail(f"cannot read file: {exc}") from None
+        if head and head != _SQLITE_HEADER:
+            raise self._fail("file is not a database (not an SQLite file); refusing to use it")
+
+    def _prepare(self, conn: sqlite3.Connection) -> None:
+        """Check the file is ours (or blank), creating the schema if blank.
+
+        Nothing is written until the file is known to be blank, so a foreign
+        database is left byte-for-byte untouched.
+        """
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
+            state = self._classify(conn)
+            if state == "blank":
+                if not self._memory:
+                    conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    # Another process may have initialised the file meanwhile.
+                    state = self._classify(conn)
+                    if state == "blank":
+                        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                        for statement in _SCHEMA.split(";"):
+                            if statement.strip():
+                                conn.execute(statement)
+                        conn.execute(
+                            "INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                        )
+                        state = "ansor"
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            if state == "foreign":
+                raise self._fail(
+                    "is an SQLite database that does not belong to ansor"
+                    " (no ansor application_id); refusing to write into it"
+                )
+            self._check_schema_version(conn)
+        except sqlite3.DatabaseError as exc:
+            raise self._fail(f"cannot use database: {exc}") from None
+
+    @staticmethod
+    def _classify(conn: sqlite3.Connection) -> str:
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        if app_id == APPLICATION_ID:
+            return "ansor"
+        if app_id == 0 and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
+            return "blank"
+        return "foreign"
+
+    def _check_schema_version(self, conn: sqlite3.Connection) -> None:
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        except sqlite3.OperationalError:
+            row = None
+        if row is None:
+            raise self._fail("has the ansor application_id but no schema version (damaged database)")
+        try:
+            version = int(row[0])
+        except (TypeError, ValueError):
+            raise self._fail(f"has an unreadable schema version {row[0]!r}") from None
+        if version > SCHEMA_VERSION:
+            raise self._fail(
+                f"has schema version {version}, newer than this ansor supports ({SCHEMA_VERSION});"
+                " upgrade ansor or use another database file"
+            )
+        if version < 1:
+            raise self._fail(f"has an invalid schema version {version}")
+
+    # ------------------------------------------------------------- plumbing
+
+    @contextmanager
+    def _cursor(self, what: str, write: bool = False) -> Iterator[sqlite3.Connection]:
+        """Run one transaction under the lock, turning sqlite errors into DatabaseError.
+
+        Writes take the write lock up front (BEGIN IMMEDIATE) so that a
+        concurrent writer makes us wait for the busy timeout instead of
+        failing on a read-to-write upgrade.
+        """
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise DatabaseError(f"{self.path}: database is closed")
+            try:
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                try:
+                    yield conn
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise self._fail(f"{what} failed: {exc}") from None
+
+    def _record_from_row(self, row: tuple) -> Record:
+        """Build a record from a trusted row without re-normalising it."""
+        wk, tk, sk, steps, costs, _median_cost, error_no, error_msg, all_cost, timestamp, version = row
+        try:
+            steps_v = json.loads(steps)
+            costs_v = tuple(float(c) for c in json.loads(costs))
+        except (TypeError, ValueError) as exc:
+            raise self._fail(f"damaged record for workload {wk!r}: {exc}") from None
+        rec = object.__new__(Record)
+        for name, value in (
+            ("workload_key", wk),
+            ("target_key", tk),
+            ("steps", steps_v),
+            ("state_key", sk),
+            ("costs", costs_v),
+            ("error_no", int(error_no)),
+            ("error_msg", error_msg),
+            ("all_cost", float(all_cost)),
+            ("timestamp", float(timestamp)),
+            ("version", version),
+        ):
+            object.__setattr__(rec, name, value)
+        return rec
+
+    @staticmethod
+    def _row_from_record(rec: Record) -> tuple:
+        if not isinstance(rec, Record):
+            raise TypeError(f"expected a Record, got {type(rec).__name__}")
+        median = rec.median_cost
+        return (
+            rec.workload_key,
+            rec.target_key,
+            rec.state_key,
+            _dumps(rec.steps),
+            _dumps(list(rec.costs)),
+            median if math.isfinite(median) else None,
+            rec.error_no,
+            rec.error_msg,
+            rec.all_cost,
+            rec.timestamp,
+            rec.version,
+        )
+
+    @staticmethod
+    def _where(workload_key: str | None, target_key: str | None) -> tuple[str, list[Any]]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        if workload_key is not None:
+            clauses.append("workload_key = ?")
+            params.append(workload_key)
+        if target_key is not None:
+            clauses.append("target_key = ?")
+            params.append(target_key)
+        return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
+
+    # ------------------------------------------------------- workloads/targets
+
+    def add_workload(self, key: str, description: dict, flop: float = 0.0) -> None:
+        """Register a workload; an existing key is left as it is (keys identify content)."""
+        desc = _dumps(description)
+        with self._cursor("add_workload", write=True) as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO workloads (key, description, flop, created) VALUES (?, ?, ?, ?)",
+                (key, desc, float(flop), time.time()),
+            )
+
+    def add_target(self, key: str, description: dict) -> None:
+        """Register a target; an existing key is left as it is."""
+        desc = _dumps(description)
+        with self._cursor("add_target", write=True) as conn:
+            conn.execute("INSERT OR IGNORE INTO targets (key, description) VALUES (?, ?)", (key, desc))
+
+    def workload(self, key: str) -> dict[str, Any] | None:
+        """``{"key", "description", "flop", "created"}`` for a registered workload, else None."""
+        with self._cursor("workload") as conn:
+            row = conn.execute(
+                "SELECT key, description, flop, created FROM workloads WHERE key = ?", (key,)
+            ).fetchone()
+        if row is None:
+            return None
+        return {"key": row[0], "description": json.loads(row[1]), "flop": row[2], "created": row[3]}
+
+    def workload_keys(self) -> list[str]:
+        """Sorted keys of all workloads registered or referred to by a record."""
+        with self._cursor("workload_keys") as conn:
+            rows = conn.execute(
+                "SELECT key FROM workloads UNION SELECT DISTINCT workload_key FROM records ORDER BY 1"
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def target(self, key: str) -> dict[str, Any] | None:
+        """``{"key", "description"}`` for a registered target, else None."""
+        with self._cursor("target") as conn:
+            row = conn.execute("SELECT key, description FROM targets WHERE key = ?", (key,)).fetchone()
+        return None if row is None else {"key": row[0], "description": json.loads(row[1])}
+
+    def target_keys(self) -> list[str]:
+        """Sorted keys of all targets registered or referred to by a record."""
+        with self._cursor("target_keys") as conn:
+            rows = conn.execute(
+                "SELECT key FROM targets UNION SELECT DISTINCT target_key FROM records ORDER BY 1"
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    # ---------------------------------------------------------------- records
+
+    def add_records(self, records: Iterable[Record]) -> int:
+        """Insert a batch in one transaction, committed before returning.
+
+        If the process dies mid-batch, the whole batch is rolled back and
+        every earlier batch is kept. Returns the number of records inserted.
+        """
+        count = 0
+
+        def rows() -> Iterator[tuple]:
+            nonlocal count
+            for rec in records:
+                yield self._row_from_record(rec)
+                count += 1
+
+        with self._cursor("add_records", write=True) as conn:
+            conn.executemany(f"INSERT INTO records ({_RECORD_COLUMNS}) VALUES ({', '.join('?' * 11)})", rows())
+        return count
+
+    def records(
+        self, workload_key: str | None = None, target_key: str | None = None, ok_only: bool = False
+    ) -> list[Record]:
+        """Records matching the filters, in insertion order."""
+        where, params = self._where(workload_key, target_key)
+        if ok_only:
+            where += (" AND" if where else " WHERE") + " median_cost IS NOT NULL"
+        with self._cursor("records") as conn:
+            rows = conn.execute(f"SELECT {_RECORD_COLUMNS} FROM records{where} ORDER BY id", params).fetchall()
+        return [self._record_from_row(r) for r in rows]
+
+    def best(self, workload_key: str, target_key: str, k: int = 1) -> list[Record]:
+        """The ``k`` fastest ok records, one per distinct program, fastest first.
+
+        Ties keep the earlier measurement. For a program measured several
+        times, its fastest measurement represents it.
+        """
+        if k <= 0:
+            return []
+        out: list[Record] = []
+        seen: set[str] = set()
+        with self._cursor("best") as conn:
+            cur = conn.execute(
+                f"SELECT {_RECORD_COLUMNS} FROM records"
+                " WHERE workload_key = ? AND target_key = ? AND median_cost IS NOT NULL"
+                " ORDER BY median_cost, id",
+                (workload_key, target_key),
+            )
+            for row in cur:
+                if row[2] in seen:
+                    continue
+                seen.add(row[2])
+                out.append(self._record_from_row(row))
+                if len(out) >= k:
+                    break
+            cur.close()
+        return out
+
+    def measured_state_keys(self, workload_key: str, target_key: str) -> set[str]:
+        """State keys already measured (failures included, so they are not retried)."""
+        with self._cursor("measured_state_keys") as conn:
+            rows = conn.execute(
+                "SELECT DISTINCT state_key FROM records WHERE workload_key = ? AND target_key = ?",
+                (workload_key, target_key),
+            ).fetchall()
+        return {r[0] for r in rows}
+
+    def count(self, workload_key: str | None = None, target_key: str | None = None) -> int:
+        """Number of records matching the filters, errors included."""
+        where, params = self._where(workload_key, target_key)
+        with self._cursor("count") as conn:
+            return int(conn.execute(f"SELECT count(*) FROM records{where}", params).fetchone()[0])
+
+    def summary(self) -> list[dict[str, Any]]:
+        """One row per (workload_key, target_key) that has records, sorted by keys.
+
+        Each dict has ``workload_key``, ``target_key``, ``n_records``,
+        ``n_ok``, ``best_cost`` (seconds, None without an ok record),
+        ``workload`` (description dict or None if unregistered), ``flop``,
+        ``best_gflops`` (None unless both flop and best_cost are known) and
+        ``target`` (description dict or None).
+        """
+        with self._cursor("summary") as conn:
+            rows = conn.execute(
+                "SELECT r.workload_key, r.target_key, count(*), count(r.median_cost), min(r.median_cost),"
+                " w.description, w.flop, t.description"
+                " FROM records r"
+                " LEFT JOIN workloads w ON w.key = r.workload_key"
+                " LEFT JOIN targets t ON t.key = r.target_key"
+                " GROUP BY r.workload_key, r.target_key"
+                " ORDER BY r.workload_key, r.target_key"
+            ).fetchall()
+        out = []
+        for wk, tk, n, n_ok, best_cost, wdesc, flop, tdesc in rows:
+            flop = float(flop) if flop is not None else 0.0
+            out.append(
+                {
+                    "workload_key": wk,
+                    "target_key": tk,
+                    "n_records": int(n),
+                    "n_ok": int(n_ok),
+                    "best_cost": best_cost,
+                    "workload": json.loads(wdesc) if wdesc is not None else None,
+                    "flop": flop,
+                    "best_gflops": flop / best_cost / 1e9 if flop > 0 and best_cost else None,
+                    "target": json.loads(tdesc) if tdesc is not None else None,
+                }
+            )
+        return out
+
+    # ------------------------------------------------------------------ JSONL
+
+    def export_jsonl(
+        self, path: str | os.PathLike[str], workload_key: str | None = None, target_key: str | None = None
+    ) -> int:
+        """Write matching records (preceded by their workloads and targets) as JSONL.
+
+        See the module docstring for the line format. Returns the number of
+        records written.
+        """
+        where, params = self._where(workload_key, target_key)
+        n = 0
+        with self._cursor("export_jsonl") as conn, open(path, "w", encoding="utf-8") as fh:
+            # One read transaction: workloads, targets and records form one snapshot.
+            for key, desc, flop, created in conn.execute(
+                "SELECT key, description, flop, created FROM workloads"
+                f" WHERE key IN (SELECT DISTINCT workload_key FROM records{where}) ORDER BY key",
+                params,
+            ):
+                entry = {"key": key, "description": json.loads(desc), "flop": flop, "created": created}
+                fh.write(_dumps({"workload": entry}) + "\n")
+            for key, desc in conn.execute(
+                "SELECT key, description FROM targets"
+                f" WHERE key IN (SELECT DISTINCT target_key FROM records{where}) ORDER BY key",
+                params,
+            ):
+                fh.write(_dumps({"target": {"key": key, "description": json.loads(desc)}}) + "\n")
+            for row in conn.execute(f"SELECT {_RECORD_COLUMNS} FROM records{where} ORDER BY id", params):
+                fh.write(self._record_from_row(row).to_json() + "\n")
+                n += 1
+        return n
+
+    def import_jsonl(self, path: str | os.PathLike[str]) -> int:
+        """Add the records of a JSONL file that are not already present.
+
+        A record is a duplicate when workload_key, target_key, state_key and
+        timestamp all match one already stored (or earlier in the file).
+        The whole file is validated first and imported in one transaction,
+        so a malformed line (reported with its line number) imports nothing.
+        Returns the number of records inserted.
+        """
+        workloads, targets, records = _parse_jsonl(path)
+        inserted = 0
+        with self._cursor("import_jsonl", write=True) as conn:
+            conn.executemany(
+                "INSERT OR IGNORE INTO workloads (key, description, flop, created) VALUES (?, ?, ?, ?)",
+                workloads,
+            )
+            conn.executemany("INSERT OR IGNORE INTO targets (key, description) VALUES (?, ?)", targets)
+            for rec in records:
+                dup = conn.execute(
+                    "SELECT 1 FROM records WHERE workload_key = ? AND target_key = ? AND state_key = ?"
+                    " AND timestamp = ? LIMIT 1",
+                    (rec.workload_key, rec.target_key, rec.state_key, rec.timestamp),
+                ).fetchone()
+                if dup is None:
+                    conn.execute(
+                        f"INSERT INTO records ({_RECORD_COLUMNS}) VALUES ({', '.join('?' * 11)})",
+                        self._row_from_record(rec),
+                    )
+                    inserted += 1
+        return inserted
+
+    # -------------------------------------------------------------- lifetime
+
+    def close(self) -> None:
+        """Close the connection (idempotent); SQLite checkpoints the WAL on last close."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    @property
+    def closed(self) -> bool:
+        return self._conn is None
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._conn is None else "open"
+        return f"Database({str(self.path)!r}, {state})"
+
+
+def _parse_jsonl(path: str | os.PathLike[str]) -> tuple[list[tuple], list[tuple], list[Record]]:
+    """Parse a whole JSONL file into workload rows, target rows and records.
+
+    Lines are decoded one at a time so that bad bytes, bad JSON and bad
+    fields are all reported with their line number.
+    """
+    workloads: list[tuple] = []
+    targets: list[tuple] = []
+    records: list[Record] = []
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                try:
+                    line = raw.decode("utf-8").strip()
+                except UnicodeDecodeError as exc:
+                    raise DatabaseError(f"not UTF-8 text: {exc}") from None
+                if not line or line.startswith("#"):
+                    continue
+                try:
+                    obj = json.loads(line)
+                except ValueError as exc:
+                    raise DatabaseError(f"invalid JSON: {exc}") from None
+                if isinstance(obj, dict) and len(obj) == 1 and "workload" in obj:
+                    workloads.append(_workload_row(obj["workload"]))
+                elif isinstance(obj, dict) and len(obj) == 1 and "target" in obj:
+                    targets.append(_target_row(obj["target"]))
+                else:
+                    try:
+                        records.append(Record.from_dict(obj))
+                    except (TypeError, ValueError) as exc:
+                        raise DatabaseError(str(exc)) from None
+            except DatabaseError as exc:
+                raise DatabaseError(f"{path}: line {lineno}: {exc}") from None
+    return workloads, targets, records
+
+
+def _workload_row(entry: Any) -> tuple:
+    if not isinstance(entry, dict) or not isinstance(entry.get("key"), str):
+        raise DatabaseError("workload entry must be an object with a string 'key'")
+    if not isinstance(entry.get("description"), dict):
+        raise DatabaseError("workload entry must have an object 'description'")
+    flop = entry.get("flop", 0.0)
+    created = entry.get("created", time.time())
+    if not _is_number(flop) or not _is_number(created):
+        raise DatabaseError("workload 'flop' and 'created' must be numbers")
+    return (entry["key"], _dumps(entry["description"]), float(flop), float(created))
+
+
+def _target_row(entry: Any) -> tuple:
+    if not isinstance(entry, dict) or not isinstance(entry.get("key"), str):
+        raise DatabaseError("target entry must be an object with a string 'key'")
+    if not isinstance(entry.get("description"), dict):
+        raise DatabaseError("target entry must have an object 'description'")
+    return (entry["key"], _dumps(entry["description"]))

@@ -1,0 +1,316 @@
+"""Lower a State to the loop IR: bound inference for attached stages, buffers, guards, stores.
+
+Stages are visited consumers-first, so when a stage is computed inside a consumer's loop
+(compute_at, cache stages), the region of it that one iteration of that loop reads is known:
+it becomes a small buffer allocated at the attach point and indexed relative to the region's
+start. Non-divisible splits and regions that stick out of a tensor get guards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ansor.lower import ir
+from ansor.schedule.relations import leaf_expressions
+from ansor.schedule.state import ScheduleError, Stage, State
+from ansor.te import expr as E
+from ansor.te.arith import const_bounds, simplify, symbolic_bounds
+from ansor.te.tensor import ComputeOp
+
+_LOOP_KIND = {"none": "serial", "parallel": "parallel", "vectorize": "vectorized", "unroll": "unrolled"}
+
+
+@dataclass
+class _StageLowering:
+    """Per-stage facts computed during lowering."""
+
+    stage: Stage
+    loop_vars: list[E.Var] = field(default_factory=list)
+    loop_extents: list[int] = field(default_factory=list)
+    axis_values: dict[int, E.Expr] = field(default_factory=dict)  # id(op axis) -> absolute value
+    guards: list[E.Expr] = field(default_factory=list)
+    region_lo: list[E.Expr] = field(default_factory=list)  # per spatial axis
+    region_ext: list[int] = field(default_factory=list)
+    path: list[E.Var] = field(default_factory=list)  # loop variables enclosing the stage
+    buffer: ir.Buffer | None = None
+    body: E.Expr | None = None  # effective body (inlined producers substituted)
+
+
+def lower(state: State, name: str = "kernel") -> ir.PrimFunc:
+    """The IR of a complete program (every split length decided)."""
+    if not state.concrete:
+        undecided = [f"{s.name}.{it.name}" for s in state.stages for it in s.iters if it.extent is None]
+        raise ScheduleError(f"cannot lower: split lengths undecided for {', '.join(undecided[:4])}")
+    return _Lowerer(state, name).run()
+
+
+class _Lowerer:
+    def __init__(self, state: State, name: str):
+        self.state = state
+        self.name = name
+        self.by_tensor = {id(s.tensor): i for i, s in enumerate(state.stages)}
+        self.info: dict[int, _StageLowering] = {}
+        self.ranges: dict[int, tuple[int, int]] = {}  # id(loop var) -> (0, extent - 1)
+        self.inline_cache: dict[int, E.Expr] = {}
+
+    # --- entry ------------------------------------------------------------------------------
+    def run(self) -> ir.PrimFunc:
+        st = self.state
+        params = []
+        for t in st.dag.inputs:
+            params.append(ir.Buffer(st.stages[self.by_tensor[id(t)]].name, t.shape, t.dtype, "global", "input"))
+        for t in st.dag.outputs:
+            params.append(ir.Buffer(st.stages[self.by_tensor[id(t)]].name, t.shape, t.dtype, "global", "output"))
+        param_of = {id(t): b for t, b in zip(st.dag.inputs + st.dag.outputs, params)}
+        order = [i for i, s in enumerate(st.stages) if not s.is_placeholder and s.attach != "inline"]
+        for sid, s in enumerate(st.stages):
+            if s.is_placeholder:
+                self.info[sid] = _StageLowering(s, buffer=param_of[id(s.tensor)])
+        for sid in reversed(order):
+            self._infer_stage(sid, param_of)
+        temps: list[ir.Buffer] = []
+        body_parts = []
+        for sid in order:
+            s = st.stages[sid]
+            if s.attach == "root":
+                body_parts.append(self._emit_stage(sid))
+                if id(s.tensor) not in param_of:
+                    temps.append(self.info[sid].buffer)
+        body = ir.seq(body_parts)
+        for buf in reversed(temps):
+            body = ir.Allocate(buf, body)
+        return ir.PrimFunc(self.name, params, body)
+
+    # --- analysis ---------------------------------------------------------------------------
+    def _infer_stage(self, sid: int, param_of: dict) -> None:
+        st = self.state
+        s = st.stages[sid]
+        op: ComputeOp = s.op
+        L = _StageLowering(s)
+        self.info[sid] = L
+        if s.attach == "root":
+            L.region_lo = [E.Const(0, "int32") for _ in op.axes]
+            L.region_ext = [a.extent for a in op.axes]
+        else:
+            target_name, iter_name = s.attach
+            tid = st.stage_id(target_name)
+            T = self.info.get(tid)
+            if T is None or not T.loop_vars:
+                raise ScheduleError(f"stage {s.name!r} is computed at {target_name!r}, which is not a "
+                                    f"looping stage")
+            pos = st.stages[tid].iter_index(iter_name)
+            L.path = T.path + T.loop_vars[:pos + 1]
+            L.region_lo, L.region_ext = self._infer_region(sid, L.path)
+        if id(s.tensor) in param_of:
+            L.buffer = param_of[id(s.tensor)]
+        else:
+            scope = s.scope if s.attach != "root" or s.scope != "global" else "global"
+            if s.attach != "root" and scope == "global":
+                scope = "local"
+            L.buffer = ir.Buffer(s.name, tuple(L.region_ext), op.dtype, scope, "temp")
+        # loops
+        root_ext = {a.name: e for a, e in zip(op.axes, L.region_ext)}
+        root_ext.update({a.name: a.extent for a in op.reduce_axes})
+        leaf_vars = {it.name: E.Var(it.name) for it in s.iters}
+        values, guards, extents = leaf_expressions(s, leaf_vars, root_ext)
+        L.loop_vars = [leaf_vars[it.name] for it in s.iters]
+        L.loop_extents = [extents[it.name] for it in s.iters]
+        for v, e in zip(L.loop_vars, L.loop_extents):
+            self.ranges[id(v)] = (0, e - 1)
+        for d, a in enumerate(op.axes):
+            L.axis_values[id(a)] = simplify(values[a.name] + L.region_lo[d], self.ranges)
+            if s.attach != "root":
+                lo, hi = const_bounds(L.axis_values[id(a)], self.ranges)
+                if lo < 0 or hi >= a.extent:
+                    guards.append((L.axis_values[id(a)] >= 0) & (L.axis_values[id(a)] < a.extent))
+        for a in op.reduce_axes:
+            L.axis_values[id(a)] = simplify(values[a.name] + a.lo if a.lo else values[a.name], self.ranges)
+        L.guards = [g for g in (simplify(g, self.ranges) for g in guards)
+                    if not (isinstance(g, E.Const) and g.value)]
+        L.body = self._effective_body(op)
+
+    def _effective_body(self, op: ComputeOp) -> E.Expr:
+        """The body with inlined producers substituted in."""
+
+        def expand(node: E.Expr):
+            if isinstance(node, E.TensorRead):
+                p = self.state.stages[self.by_tensor[id(node.tensor)]]
+                if p.attach == "inline":
+                    inner = self._inlined_body(p)
+                    return E.substitute(inner, dict(zip(p.op.axes, node.indices)))
+            return None
+
+        return E.transform(op.body, expand)
+
+    def _inlined_body(self, p: Stage) -> E.Expr:
+        key = id(p.tensor)
+        if key not in self.inline_cache:
+            self.inline_cache[key] = self._effective_body(p.op)
+        return self.inline_cache[key]
+
+    def _infer_region(self, sid: int, path: list[E.Var]) -> tuple[list[E.Expr], list[int]]:
+        """Region of stage `sid` read by its consumers during one iteration at the attach point."""
+        st = self.state
+        s = st.stages[sid]
+        path_ids = {id(v) for v in path}
+        per_dim: list[list[tuple[E.Expr, E.Expr]] | None] = [[] for _ in s.op.axes]
+        for cid in st.consumers(sid):
+            C = self.info.get(cid)
+            if C is None or C.body is None:
+                raise ScheduleError(f"stage {s.name!r} is computed inside a loop, but its consumer "
+                                    f"{st.stages[cid].name!r} is not nested in that loop")
+            if not all(id(v) in {id(x) for x in C.path + C.loop_vars} for v in path):
+                raise ScheduleError(f"stage {s.name!r} is computed at {s.attach[0]}.{s.attach[1]}, but "
+                                    f"its consumer {st.stages[cid].name!r} reads it outside that loop")
+            for read in _reads_of(C.body, s.tensor):
+                for d, idx in enumerate(read.indices):
+                    if per_dim[d] is None:
+                        continue
+                    value = simplify(E.substitute(idx, self._axis_map(C)), self.ranges)
+                    inner = {k: r for k, r in self.ranges.items() if k not in path_ids}
+                    b = symbolic_bounds(value, inner)
+                    per_dim[d] = None if b is None else per_dim[d] + [b]
+        los, exts = [], []
+        all_ranges = self.ranges
+        for d, a in enumerate(s.op.axes):
+            bounds = per_dim[d]
+            lo_hi = _union(bounds) if bounds else None
+            if lo_hi is None:
+                los.append(E.Const(0, "int32"))
+                exts.append(a.extent)
+                continue
+            lo, hi = lo_hi
+            ext_expr = simplify(hi - lo + 1, all_ranges)
+            if isinstance(ext_expr, E.Const):
+                ext = ext_expr.value
+            else:
+                ext = const_bounds(ext_expr, all_ranges)[1]
+            if ext == float("inf") or ext >= a.extent:
+                los.append(E.Const(0, "int32"))
+                exts.append(a.extent)
+            else:
+                los.append(lo)
+                exts.append(max(1, int(ext)))
+        return los, exts
+
+    def _axis_map(self, L: _StageLowering) -> dict:
+        op = L.stage.op
+        return {a: L.axis_values[id(a)] for a in list(op.axes) + list(op.reduce_axes)}
+
+    # --- emission ---------------------------------------------------------------------------
+    def _load(self, node: E.Expr):
+        if isinstance(node, E.TensorRead):
+            pid = self.by_tensor[id(node.tensor)]
+            P = self.info[pid]
+            idx = [simplify(i - lo, self.ranges) if not (isinstance(lo, E.Const) and lo.value == 0) else i
+                   for i, lo in zip(node.indices, P.region_lo)] if P.region_lo else list(node.indices)
+            return ir.BufferLoad(P.buffer, idx)
+        return None
+
+    def _to_ir(self, expr: E.Expr, L: _StageLowering) -> E.Expr:
+        value = E.substitute(expr, self._axis_map(L))
+        value = E.transform(value, self._load)
+        return simplify(value, self.ranges)
+
+    def _emit_stage(self, sid: int) -> ir.Stmt:
+        st = self.state
+        L = self.info[sid]
+        s = L.stage
+        op = s.op
+        out_idx = [simplify(L.axis_values[id(a)] - lo, self.ranges) for a, lo in zip(op.axes, L.region_lo)]
+        body = L.body
+        spatial_guard = _conjunction(L.guards)
+        if isinstance(body, E.Reduce):
+            current = ir.BufferLoad(L.buffer, out_idx)
+            source = self._to_ir(body.source, L)
+            combined = {"sum": lambda a, b: a + b, "max": E.maximum, "min": E.minimum}[body.combiner](current, source)
+            update: ir.Stmt = ir.Store(L.buffer, tuple(out_idx), combined)
+            if body.where is not None:
+                update = ir.IfThenElse(self._to_ir(body.where, L), update)
+            init: ir.Stmt | None = ir.Store(L.buffer, tuple(out_idx), E.reduce_identity(body.combiner, op.dtype))
+        else:
+            update = ir.Store(L.buffer, tuple(out_idx), self._to_ir(body, L))
+            init = None
+        if spatial_guard is not None:
+            update = ir.IfThenElse(spatial_guard, update)
+            if init is not None:
+                init = ir.IfThenElse(spatial_guard, init)
+        iters = s.iters
+        first_reduce = next((p for p, it in enumerate(iters) if it.kind == "reduce"), None)
+
+        def loop(p: int, inner: ir.Stmt) -> ir.Stmt:
+            it = iters[p]
+            kind = _LOOP_KIND.get(it.annotation, it.annotation)
+            if L.loop_extents[p] == 1 and kind in ("serial", "parallel", "vectorized", "unrolled"):
+                return inner  # a single iteration: its variable was simplified to 0
+            return ir.For(L.loop_vars[p], L.loop_extents[p], kind, inner)
+
+        def build(p: int) -> ir.Stmt:
+            if p == len(iters):
+                return update
+            children = st.attached_to(s.name, iters[p].name)
+            block = ir.seq([self._emit_stage(c) for c in children] + [build(p + 1)])
+            for c in reversed(children):  # attached buffers live for the whole loop body
+                if self.info[c].buffer.role == "temp":
+                    block = ir.Allocate(self.info[c].buffer, block)
+            inner = loop(p, block)
+            if p == first_reduce and init is not None:
+                init_nest = init
+                for q in reversed(range(p + 1, len(iters))):
+                    if iters[q].kind != "reduce":
+                        init_nest = loop(q, init_nest)
+                return ir.seq([init_nest, inner])
+            return inner
+
+        if not iters:  # a zero-dimensional stage
+            stmt = update if init is None else ir.seq([init, update])
+        else:
+            stmt = build(0)
+            if first_reduce is None and init is not None:
+                stmt = ir.seq([init, stmt])
+        if s.auto_unroll_max_step > 0:
+            _mark_auto_unroll(stmt, s.auto_unroll_max_step)
+        return stmt
+
+
+def _reads_of(expr: E.Expr, tensor) -> list[E.TensorRead]:
+    return [n for n in E.walk(expr) if isinstance(n, E.TensorRead) and n.tensor is tensor]
+
+
+def _union(bounds: list[tuple[E.Expr, E.Expr]]) -> tuple[E.Expr, E.Expr] | None:
+    """Union of intervals whose ends differ by constants; None when they do not."""
+    lo, hi = bounds[0]
+    for l2, h2 in bounds[1:]:
+        dl, dh = simplify(l2 - lo), simplify(h2 - hi)
+        if not isinstance(dl, E.Const) or not isinstance(dh, E.Const):
+            return None
+        if dl.value < 0:
+            lo = l2
+        if dh.value > 0:
+            hi = h2
+    return lo, hi
+
+
+def _conjunction(conds: list[E.Expr]) -> E.Expr | None:
+    out = None
+    for c in conds:
+        out = c if out is None else E.Logical("and", (out, c))
+    return out
+
+
+def _mark_auto_unroll(stmt: ir.Stmt, max_step: int) -> int:
+    """Mark serial loops whose whole nest runs at most `max_step` iterations; returns the nest's
+    iteration count."""
+    if isinstance(stmt, ir.For):
+        inner = _mark_auto_unroll(stmt.body, max_step)
+        total = stmt.extent * inner
+        if total <= max_step and stmt.kind == "serial":
+            stmt.unroll_hint = True
+        return total
+    if isinstance(stmt, ir.Seq):
+        return max([_mark_auto_unroll(s, max_step) for s in stmt.stmts] or [1])
+    if isinstance(stmt, ir.IfThenElse):
+        return _mark_auto_unroll(stmt.then, max_step)
+    if isinstance(stmt, ir.Allocate):
+        return _mark_auto_unroll(stmt.body, max_step)
+    return 1

@@ -1,0 +1,102 @@
+"""Output checking: a kernel's time counts only if its outputs match the reference.
+
+One place decides what "close enough" means for every dtype, so the tuner, the isolated worker and
+tests all reject the same kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+# dtype kind/size -> (rtol, atol relative to max(1, max|expected|))
+_FLOAT_TOLERANCES: dict[int, tuple[float, float]] = {
+    2: (1e-2, 1e-3),  # float16
+    4: (1e-4, 1e-5),  # float32
+    8: (1e-9, 1e-12),  # float64
+}
+
+
+def default_tolerances(expected: np.ndarray) -> tuple[float, float]:
+    """(rtol, atol) for comparing against `expected`; atol scales with the largest finite value."""
+    dtype = expected.dtype
+    if dtype.kind not in "fc":
+        return 0.0, 0.0
+    component_size = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
+    rtol, atol_unit = _FLOAT_TOLERANCES.get(component_size, _FLOAT_TOLERANCES[8])
+    finite = np.abs(expected[np.isfinite(expected)])
+    scale = max(1.0, float(finite.max())) if finite.size else 1.0
+    return rtol, atol_unit * scale
+
+
+def unwritten_like(expected: np.ndarray) -> np.ndarray:
+    """A buffer unequal to `expected` everywhere: a kernel that writes nothing fails the check."""
+    if expected.dtype.kind in "fc":
+        return np.full(expected.shape, np.nan, dtype=expected.dtype)
+    if expected.dtype.kind in "biu":
+        return np.ascontiguousarray(~expected)
+    raise TypeError(f"cannot check outputs of dtype {expected.dtype}")
+
+
+def check_outputs(
+    outputs: Sequence[np.ndarray],
+    expected: Sequence[np.ndarray],
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> str | None:
+    """None when every output matches its reference, else a message naming the worst element.
+
+    Floats pass when |out - exp| <= atol + rtol * |exp| (defaults per dtype, see
+    `default_tolerances`); a NaN or inf where the reference is finite never passes; integers and
+    booleans must match exactly.
+    """
+    if len(outputs) != len(expected):
+        return f"got {len(outputs)} outputs, expected {len(expected)}"
+    for index, (out, exp) in enumerate(zip(outputs, expected)):
+        out, exp = np.asarray(out), np.asarray(exp)
+        message = _check_one(out, exp, rtol, atol)
+        if message is not None:
+            return f"output {index} {message}"
+    return None
+
+
+def _check_one(
+    out: np.ndarray, exp: np.ndarray, rtol: float | None, atol: float | None
+) -> str | None:
+    if out.shape != exp.shape:
+        return f"shape {out.shape} differs from expected {exp.shape}"
+    if out.dtype != exp.dtype:
+        return f"dtype {out.dtype} differs from expected {exp.dtype}"
+    if exp.dtype.kind in "fc":
+        default_rtol, default_atol = default_tolerances(exp)
+        rtol = default_rtol if rtol is None else rtol
+        atol = default_atol if atol is None else atol
+        with np.errstate(invalid="ignore", over="ignore"):
+            wide_out = out.astype(np.complex128 if exp.dtype.kind == "c" else np.float64)
+            wide_exp = exp.astype(wide_out.dtype)
+            error = np.abs(wide_out - wide_exp)
+            finite = np.isfinite(wide_exp)
+            # Written as "not within" so that NaN errors count as bad.
+            bad = finite & ~(error <= atol + rtol * np.abs(wide_exp))
+            same_special = (wide_out == wide_exp) | (np.isnan(wide_out) & np.isnan(wide_exp))
+            bad |= ~finite & ~same_special
+        tolerance = f"rtol={rtol:g}, atol={atol:g}"
+    else:
+        bad = out != exp
+        error = np.abs(out.astype(np.float64) - exp.astype(np.float64))
+        tolerance = "exact"
+    n_bad = int(np.count_nonzero(bad))
+    if n_bad == 0:
+        return None
+
+    bad_error = np.where(bad, error, -1.0)
+    non_finite = bad & ~np.isfinite(bad_error)
+    flat = int(np.argmax(non_finite)) if non_finite.any() else int(np.argmax(bad_error))
+    where = tuple(int(i) for i in np.unravel_index(flat, exp.shape))
+    got, want = out.flat[flat].item(), exp.flat[flat].item()
+    worst = "non-finite" if non_finite.any() else f"{float(bad_error.flat[flat]):.3g}"
+    return (
+        f"mismatch: max abs err {worst} at index {where} (got {got!r}, expected {want!r}); "
+        f"{n_bad} of {exp.size} elements differ ({tolerance})"
+    )

@@ -1,0 +1,19 @@
+"""Error codes of a measurement: a failed candidate is a record, not an exception."""
+
+from __future__ import annotations
+
+import enum
+
+
+class MeasureErrorNo(enum.IntEnum):
+    """Why a measurement failed; the values match TVM's auto_scheduler so logs stay comparable."""
+
+    NO_ERROR = 0
+    INSTANTIATION_ERROR = 1
+    COMPILE_HOST = 2
+    COMPILE_DEVICE = 3
+    RUNTIME_DEVICE = 4
+    WRONG_ANSWER = 5
+    BUILD_TIMEOUT = 6
+    RUN_TIMEOUT = 7
+    UNKNOWN_ERROR = 8

@@ -1,0 +1,101 @@
+"""A compiled kernel library opened with ctypes and called on numpy buffers.
+
+Calling convention of a generated library:
+    void   <func>(void* arg0, void* arg1, ...)                    inputs first, then outputs
+    double <func>_timed(long long number, void* arg0, ...)        optional: total seconds of
+                                                                   `number` calls, timed in C
+"""
+
+from __future__ import annotations
+
+import _ctypes
+import ctypes
+import os
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+_openmp_pinned = False
+
+
+def _pin_openmp_runtime() -> None:
+    """Keep libgomp loaded for the life of the process.
+
+    Closing the last library that uses OpenMP would otherwise unload libgomp while its idle
+    thread pool still runs inside it.
+    """
+    global _openmp_pinned
+    if _openmp_pinned:
+        return
+    _openmp_pinned = True
+    try:
+        ctypes.CDLL("libgomp.so.1", mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        pass
+
+
+def buffer_pointers(buffers: Sequence[np.ndarray]) -> list[ctypes.c_void_p]:
+    """Raw pointers of C-contiguous numpy arrays, in order; other arrays are refused."""
+    pointers = []
+    for index, array in enumerate(buffers):
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"argument {index} is {type(array).__name__}, not a numpy array")
+        if not array.flags.c_contiguous:
+            raise ValueError(f"argument {index} is not C-contiguous")
+        pointers.append(ctypes.c_void_p(array.ctypes.data))
+    return pointers
+
+
+class KernelLibrary:
+    """One kernel entry point (and its optional C timer) from a shared library."""
+
+    def __init__(self, lib_path: str | os.PathLike, func_name: str) -> None:
+        _pin_openmp_runtime()
+        self.lib_path = os.path.abspath(lib_path)
+        self.func_name = func_name
+        self._lib: ctypes.CDLL | None = ctypes.CDLL(self.lib_path, mode=ctypes.RTLD_LOCAL)
+        try:
+            self._func = getattr(self._lib, func_name)
+            self._func.restype = None
+            self._timer = getattr(self._lib, f"{func_name}_timed", None)
+            if self._timer is not None:
+                self._timer.restype = ctypes.c_double
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def has_timer(self) -> bool:
+        """Whether the library times itself in C (more precise for sub-microsecond kernels)."""
+        return self._timer is not None
+
+    def __call__(self, buffers: Sequence[np.ndarray]) -> None:
+        """Run the kernel once on `buffers` (inputs then outputs)."""
+        self._func(*buffer_pointers(buffers))
+
+    def timed(self, buffers: Sequence[np.ndarray], number: int) -> float:
+        """Total seconds of `number` back-to-back calls."""
+        pointers = buffer_pointers(buffers)
+        if self._timer is not None:
+            return float(self._timer(ctypes.c_longlong(number), *pointers))
+        func = self._func
+        start = time.perf_counter()
+        for _ in range(number):
+            func(*pointers)
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        """Unload the library, so a long-lived process does not accumulate thousands of them."""
+        if self._lib is None:
+            return
+        handle = self._lib._handle
+        self._lib = None
+        self._func = self._timer = None
+        _ctypes.dlclose(handle)
+
+    def __enter__(self) -> KernelLibrary:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

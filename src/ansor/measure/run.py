@@ -1,0 +1,305 @@
+"""Running compiled kernels: checked against reference outputs, timed, and isolated from the tuner.
+
+`evaluate_kernel` is the whole measurement protocol in the calling process. `Runner` applies the
+same protocol inside a long-lived worker process, so a kernel that crashes or hangs becomes an
+error record instead of taking the tuner down.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, Pipe
+from pathlib import Path
+
+import numpy as np
+
+from .check import check_outputs, unwritten_like
+from .errors import MeasureErrorNo
+from .library import KernelLibrary
+from .timing import TimingPolicy, measure_costs
+
+FAILED_COST = 1e10  # the cost of a failed measurement, as in TVM's logs
+WORKER_START_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The measured seconds per call (one per repeat), or why there are none."""
+
+    costs: tuple[float, ...]
+    error_no: int
+    error_msg: str
+    run_seconds: float
+
+    @property
+    def median(self) -> float:
+        """Median cost in seconds; FAILED_COST when the run failed."""
+        if self.error_no != MeasureErrorNo.NO_ERROR or not self.costs:
+            return FAILED_COST
+        return statistics.median(self.costs)
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median of the costs: how noisy the measurement was."""
+        if len(self.costs) < 2 or self.error_no != MeasureErrorNo.NO_ERROR:
+            return 0.0
+        median = statistics.median(self.costs)
+        return (max(self.costs) - min(self.costs)) / median if median > 0 else 0.0
+
+
+def _failure(error_no: MeasureErrorNo, message: str, start: float) -> RunResult:
+    return RunResult((), int(error_no), message, time.perf_counter() - start)
+
+
+def evaluate_kernel(
+    lib_path: str,
+    func_name: str,
+    inputs: Sequence[np.ndarray],
+    expected: Sequence[np.ndarray],
+    timing: TimingPolicy = TimingPolicy(),
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> RunResult:
+    """Load a kernel, run it once, check its outputs against `expected`, then time it.
+
+    Outputs are fresh buffers that differ from `expected` everywhere, so a kernel that writes
+    nothing is caught; inputs are copied so that a kernel writing into them cannot spoil the next
+    candidate's check. Every failure is returned as a result, never raised.
+    """
+    start = time.perf_counter()
+    try:
+        kernel = KernelLibrary(lib_path, func_name)
+    except AttributeError as err:
+        return _failure(MeasureErrorNo.RUNTIME_DEVICE, f"missing symbol: {err}", start)
+    except OSError as err:
+        return _failure(MeasureErrorNo.COMPILE_DEVICE, f"cannot load library: {err}", start)
+    try:
+        outputs = [unwritten_like(np.asarray(array)) for array in expected]
+        buffers = [np.array(array, order="C", copy=True) for array in inputs] + outputs
+        kernel(buffers)
+        mismatch = check_outputs(outputs, expected, rtol, atol)
+        if mismatch is not None:
+            return _failure(MeasureErrorNo.WRONG_ANSWER, mismatch, start)
+        costs = measure_costs(kernel, buffers, timing)
+    except Exception as err:  # noqa: BLE001 - every failure becomes a record
+        return _failure(MeasureErrorNo.RUNTIME_DEVICE, f"{type(err).__name__}: {err}", start)
+    finally:
+        kernel.close()
+    return RunResult(costs, int(MeasureErrorNo.NO_ERROR), "", time.perf_counter() - start)
+
+
+def time_function(
+    lib_path: str,
+    func_name: str,
+    inputs: Sequence[np.ndarray],
+    outputs: Sequence[np.ndarray],
+    timing: TimingPolicy = TimingPolicy(),
+) -> RunResult:
+    """Time a kernel in this process on the caller's buffers, without a check; errors raise."""
+    start = time.perf_counter()
+    with KernelLibrary(lib_path, func_name) as kernel:
+        costs = measure_costs(kernel, [*inputs, *outputs], timing)
+    return RunResult(costs, int(MeasureErrorNo.NO_ERROR), "", time.perf_counter() - start)
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What the worker needs for one run; arrays travel as .npy paths, loaded once per task."""
+
+    task_key: str
+    input_paths: tuple[str, ...]
+    expected_paths: tuple[str, ...]
+    lib_path: str
+    func_name: str
+    timing: TimingPolicy
+    rtol: float | None
+    atol: float | None
+
+
+# The worker imports ansor.measure without running the package __init__ files, which may pull
+# in the whole tuner; measurement needs only numpy and this subpackage.
+_WORKER_BOOTSTRAP = """\
+import sys, types
+package_dir = sys.argv[1]
+for name, path in (("ansor", package_dir), ("ansor.measure", package_dir + "/measure")):
+    module = types.ModuleType(name)
+    module.__path__ = [path]
+    sys.modules[name] = module
+from ansor.measure.worker import main
+main(int(sys.argv[2]))
+"""
+
+
+def _death_message(returncode: int | None) -> str:
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"worker died with {name}"
+    if returncode is None:
+        return "worker closed its connection"
+    return f"worker exited with code {returncode}"
+
+
+class Runner:
+    """Measures kernels one at a time in an isolated, long-lived worker process.
+
+    A crash (segfault, abort) or a run longer than `timeout` seconds is reported as an error and
+    the worker is replaced before the next run. Not thread-safe: measurements are serialized on
+    purpose, since concurrent kernels would disturb each other's timing.
+    """
+
+    def __init__(
+        self,
+        timeout: float = 10.0,
+        timing: TimingPolicy = TimingPolicy(),
+        rtol: float | None = None,
+        atol: float | None = None,
+    ) -> None:
+        self.timeout = timeout
+        self.timing = timing
+        self.rtol = rtol
+        self.atol = atol
+        self._process: subprocess.Popen | None = None
+        self._conn: Connection | None = None
+        self._task_dir: tempfile.TemporaryDirectory | None = None
+        self._task: tuple[str, tuple[str, ...], tuple[str, ...]] | None = None
+
+    @property
+    def worker_pid(self) -> int | None:
+        """Process id of the current worker, None before the first run or after close()."""
+        return self._process.pid if self._process is not None else None
+
+    def set_task(self, inputs: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> None:
+        """Fix the input arrays and reference outputs that every following run uses."""
+        input_arrays = [np.ascontiguousarray(array) for array in inputs]
+        expected_arrays = [np.ascontiguousarray(array) for array in expected]
+        for array in expected_arrays:
+            unwritten_like(array)  # refuse dtypes that cannot be checked, here rather than later
+        task_dir = tempfile.TemporaryDirectory(prefix="ansor-task-")
+        input_paths = self._save(task_dir.name, "input", input_arrays)
+        expected_paths = self._save(task_dir.name, "expected", expected_arrays)
+        self._drop_task()
+        self._task_dir = task_dir
+        self._task = (uuid.uuid4().hex, input_paths, expected_paths)
+
+    @staticmethod
+    def _save(directory: str, stem: str, arrays: list[np.ndarray]) -> tuple[str, ...]:
+        paths = []
+        for index, array in enumerate(arrays):
+            path = os.path.join(directory, f"{stem}{index}.npy")
+            np.save(path, array, allow_pickle=False)
+            paths.append(path)
+        return tuple(paths)
+
+    def run(self, lib_path: str, func_name: str) -> RunResult:
+        """Check and time one kernel on the current task's arrays."""
+        if self._task is None:
+            raise RuntimeError("Runner.set_task() must be called before run()")
+        task_key, input_paths, expected_paths = self._task
+        request = RunRequest(
+            task_key, input_paths, expected_paths, os.path.abspath(lib_path), func_name,
+            self.timing, self.rtol, self.atol,
+        )
+        conn = self._ensure_worker()
+        start = time.perf_counter()
+        try:
+            try:
+                conn.send(request)
+            except OSError:  # the worker died between runs: replace it once
+                self._stop_worker()
+                conn = self._ensure_worker()
+                start = time.perf_counter()
+                conn.send(request)
+            if not conn.poll(self.timeout):
+                self._stop_worker(kill=True)
+                message = f"run exceeded the {self.timeout:g} s timeout"
+                return _failure(MeasureErrorNo.RUN_TIMEOUT, message, start)
+            try:
+                return conn.recv()
+            except (EOFError, OSError):
+                returncode = self._stop_worker()
+                return _failure(MeasureErrorNo.RUNTIME_DEVICE, _death_message(returncode), start)
+        except BaseException:
+            # Interrupted mid-run (e.g. Ctrl-C): a late answer must not be read as the next one.
+            self._stop_worker(kill=True)
+            raise
+
+    def run_many(self, items: Iterable[tuple[str, str]]) -> list[RunResult]:
+        """Run (lib_path, func_name) pairs one after another."""
+        return [self.run(lib_path, func_name) for lib_path, func_name in items]
+
+    def _ensure_worker(self) -> Connection:
+        if self._process is not None and self._process.poll() is None and self._conn is not None:
+            return self._conn
+        self._stop_worker()
+        parent_conn, child_conn = Pipe(duplex=True)
+        package_dir = str(Path(__file__).resolve().parent.parent)
+        command = [sys.executable, "-c", _WORKER_BOOTSTRAP, package_dir, str(child_conn.fileno())]
+        try:
+            process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, pass_fds=(child_conn.fileno(),)
+            )
+        except BaseException:
+            parent_conn.close()
+            raise
+        finally:
+            child_conn.close()
+        self._process, self._conn = process, parent_conn
+        try:
+            ready = parent_conn.poll(WORKER_START_TIMEOUT) and parent_conn.recv() == "ready"
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            returncode = self._stop_worker(kill=True)
+            raise RuntimeError(f"measurement worker failed to start: {_death_message(returncode)}")
+        return parent_conn
+
+    def _stop_worker(self, kill: bool = False) -> int | None:
+        """Stop the worker (closing its pipe asks it to exit; kill if it does not) and reap it."""
+        process, conn = self._process, self._conn
+        self._process = self._conn = None
+        if conn is not None:
+            conn.close()
+        if process is None:
+            return None
+        if kill:
+            process.kill()
+        try:
+            return process.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            return process.wait()
+
+    def _drop_task(self) -> None:
+        self._task = None
+        if self._task_dir is not None:
+            self._task_dir.cleanup()
+            self._task_dir = None
+
+    def close(self) -> None:
+        """Stop the worker and delete the task's files."""
+        self._stop_worker()
+        self._drop_task()
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown may have torn modules down
+            pass

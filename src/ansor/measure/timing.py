@@ -1,0 +1,84 @@
+"""The timing protocol: warm-up, `number` calls per repeat sized to a minimum duration, repeats.
+
+Each repeat's cost is its elapsed time divided by `number`; the caller keeps the median and the
+spread, so one noisy repeat on a shared machine does not decide a search.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .library import KernelLibrary
+
+FLUSH_BYTES = 32 * 1024 * 1024  # larger than the last-level cache of the CPUs we target
+
+
+@dataclass(frozen=True)
+class TimingPolicy:
+    """How a kernel is timed.
+
+    `number` is the starting count of calls per repeat; it doubles until one repeat lasts at
+    least `min_repeat_ms` (capped at `max_number`). With `flush_cache`, a 32 MiB buffer is
+    overwritten before every call and each call is timed alone (number = 1), which measures
+    the kernel with cold caches.
+    """
+
+    warmup: int = 1
+    repeat: int = 3
+    min_repeat_ms: float = 50.0
+    number: int = 1
+    max_number: int = 10**6
+    flush_cache: bool = False
+
+    def __post_init__(self) -> None:
+        if self.repeat < 1 or self.number < 1 or self.max_number < 1 or self.warmup < 0:
+            raise ValueError(f"invalid timing policy: {self}")
+
+
+_flush_buffer: np.ndarray | None = None
+
+
+def flush_cpu_cache() -> None:
+    """Evict the kernel's data from the CPU caches by writing over a large scratch buffer."""
+    global _flush_buffer
+    if _flush_buffer is None:
+        _flush_buffer = np.zeros(FLUSH_BYTES // 8, dtype=np.float64)
+    _flush_buffer += 1.0
+
+
+def measure_costs(
+    kernel: KernelLibrary, buffers: Sequence[np.ndarray], policy: TimingPolicy
+) -> tuple[float, ...]:
+    """Seconds per call, one value per repeat, following `policy`."""
+    if policy.flush_cache:
+        for _ in range(policy.warmup):
+            flush_cpu_cache()
+            kernel.timed(buffers, 1)
+        costs = []
+        for _ in range(policy.repeat):
+            flush_cpu_cache()
+            costs.append(kernel.timed(buffers, 1))
+        return tuple(costs)
+
+    for _ in range(policy.warmup):
+        kernel(buffers)
+    number = choose_number(kernel, buffers, policy)
+    return tuple(kernel.timed(buffers, number) / number for _ in range(policy.repeat))
+
+
+def choose_number(
+    kernel: KernelLibrary, buffers: Sequence[np.ndarray], policy: TimingPolicy
+) -> int:
+    """Calls per repeat: double from `policy.number` until a repeat lasts `min_repeat_ms`."""
+    min_seconds = policy.min_repeat_ms / 1000.0
+    number = min(policy.number, policy.max_number)
+    if min_seconds <= 0:
+        return number
+    while number < policy.max_number:
+        if kernel.timed(buffers, number) >= min_seconds:
+            break
+        number = min(number * 2, policy.max_number)
+    return number

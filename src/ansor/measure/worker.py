@@ -1,0 +1,85 @@
+"""The isolated side of `Runner`: receives run requests over a pipe and answers with RunResults.
+
+Started by `Runner` with the child end of a pipe as a file descriptor; kernels run in this
+process so that their crashes and hangs cannot reach the tuner. Only small results go back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection
+
+import numpy as np
+
+from .errors import MeasureErrorNo
+from .run import RunRequest, RunResult, evaluate_kernel
+
+PARENT_CHECK_SECONDS = 1.0
+
+
+def _exit_when_orphaned(parent_pid: int) -> None:
+    """A kernel stuck in a loop never reads the closed pipe; leave when the parent is gone."""
+    while True:
+        time.sleep(PARENT_CHECK_SECONDS)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+
+class _TaskArrays:
+    """The current task's inputs and references, loaded once and reused for every run."""
+
+    def __init__(self) -> None:
+        self.key: str | None = None
+        self.inputs: list[np.ndarray] = []
+        self.expected: list[np.ndarray] = []
+
+    def load(self, request: RunRequest) -> None:
+        if request.task_key == self.key:
+            return
+        self.key = None
+        self.inputs = [np.load(path, allow_pickle=False) for path in request.input_paths]
+        self.expected = [np.load(path, allow_pickle=False) for path in request.expected_paths]
+        self.key = request.task_key
+
+
+def serve(conn: Connection) -> None:
+    """Answer run requests until the parent closes the pipe."""
+    task = _TaskArrays()
+    conn.send("ready")
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            return
+        start = time.perf_counter()
+        try:
+            task.load(request)
+            result = evaluate_kernel(
+                request.lib_path, request.func_name, task.inputs, task.expected,
+                request.timing, request.rtol, request.atol,
+            )
+        except Exception:  # noqa: BLE001 - report, and stay alive for the next run
+            message = traceback.format_exc(limit=3)
+            result = RunResult((), int(MeasureErrorNo.UNKNOWN_ERROR), message,
+                               time.perf_counter() - start)
+        try:
+            conn.send(result)
+        except OSError:
+            return
+
+
+def main(fd: int) -> None:
+    """Entry point of the worker process."""
+    # Ctrl-C in a terminal reaches the whole process group; the parent decides what to do.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
+    serve(Connection(fd))
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

@@ -1,0 +1,53 @@
+"""How a stage's original axes are computed from its loop iterators (through splits and fuses)."""
+
+from __future__ import annotations
+
+import math
+
+from ansor.te import expr as E
+
+
+def iterator_extents(stage, root_extents: dict[str, int]) -> dict[str, int]:
+    """Extent of every iterator name (root, intermediate and leaf) given the root extents."""
+    ext = dict(root_extents)
+    for rel in stage.relations:
+        if hasattr(rel, "parent"):
+            for name, e in zip(rel.children, rel.child_extents(ext[rel.parent])):
+                ext[name] = e
+        else:
+            ext[rel.fused] = math.prod(ext[c] for c in rel.children)
+    return ext
+
+
+def leaf_expressions(stage, leaf_values: dict[str, E.Expr], root_extents: dict[str, int]):
+    """Express each root axis through the leaf iterators' values.
+
+    Returns (values by root axis name, guard conditions, extents of every iterator). A guard
+    appears for each split whose pieces cover more than its parent (a non-divisible split).
+    """
+    ext = iterator_extents(stage, root_extents)
+    values = dict(leaf_values)
+    guards: list[E.Expr] = []
+    for rel in reversed(stage.relations):
+        if hasattr(rel, "parent"):
+            acc = None
+            stride = 1
+            for child in reversed(rel.children):
+                term = values[child] if stride == 1 else values[child] * stride
+                acc = term if acc is None else term + acc
+                stride *= ext[child]
+            values[rel.parent] = acc
+            if stride != ext[rel.parent]:
+                guards.append(acc < ext[rel.parent])
+        else:
+            fused = values[rel.fused]
+            strides = []
+            stride = 1
+            for child in reversed(rel.children):
+                strides.append(stride)
+                stride *= ext[child]
+            strides.reverse()
+            for k, child in enumerate(rel.children):
+                v = fused if strides[k] == 1 else fused // strides[k]
+                values[child] = v if k == 0 else v % ext[child]
+    return values, guards, ext

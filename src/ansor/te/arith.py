@@ -1,0 +1,330 @@
+"""Integer arithmetic on expressions: constant bounds, symbolic bounds and simplification.
+
+Index expressions after tiling are sums of loop variables times constants, plus floor
+divisions and remainders from fused loops. Keeping them in a canonical linear form lets
+`(i0*32 + i1) - i0*32` become `i1`, which is what makes local buffers index with constants.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from ansor.te import expr as E
+
+Ranges = dict  # id(Var) -> (lo, hi) inclusive integer bounds
+
+INF = math.inf
+
+
+# ---------------------------------------------------------------------------------------------
+# numeric bounds
+
+def const_bounds(expr: E.Expr, ranges: Ranges) -> tuple[float, float]:
+    """Inclusive numeric bounds of an integer expression; (-inf, inf) where unknown."""
+    if isinstance(expr, E.Const):
+        v = expr.value
+        return (v, v) if not isinstance(v, bool) else (int(v), int(v))
+    if isinstance(expr, E.Var):
+        return ranges.get(id(expr), (-INF, INF))
+    if isinstance(expr, E.BinOp) and E.is_int(expr.dtype):
+        alo, ahi = const_bounds(expr.a, ranges)
+        blo, bhi = const_bounds(expr.b, ranges)
+        op = expr.op
+        if op == "+":
+            return alo + blo, ahi + bhi
+        if op == "-":
+            return alo - bhi, ahi - blo
+        if op == "*":
+            prods = [_mul(x, y) for x in (alo, ahi) for y in (blo, bhi)]
+            return min(prods), max(prods)
+        if op in ("//", "%") and blo == bhi and isinstance(blo, int) and blo > 0:
+            c = blo
+            if op == "//":
+                return _fdiv(alo, c), _fdiv(ahi, c)
+            if alo != -INF and ahi != INF and _fdiv(alo, c) == _fdiv(ahi, c):
+                return alo % c, ahi % c
+            return 0, c - 1
+        if op == "min":
+            return min(alo, blo), min(ahi, bhi)
+        if op == "max":
+            return max(alo, blo), max(ahi, bhi)
+    if isinstance(expr, E.Select) and E.is_int(expr.dtype):
+        alo, ahi = const_bounds(expr.a, ranges)
+        blo, bhi = const_bounds(expr.b, ranges)
+        return min(alo, blo), max(ahi, bhi)
+    return -INF, INF
+
+
+def _mul(x: float, y: float) -> float:
+    if x == 0 or y == 0:
+        return 0
+    return x * y
+
+
+def _fdiv(x: float, c: int) -> float:
+    return x if x in (INF, -INF) else x // c
+
+
+# ---------------------------------------------------------------------------------------------
+# linear forms
+
+class Linear:
+    """sum(coef * atom) + const over integer atoms (variables or non-linear subterms)."""
+
+    __slots__ = ("terms", "const")
+
+    def __init__(self, terms: dict | None = None, const: int = 0):
+        self.terms: dict[str, tuple[E.Expr, int]] = terms or {}
+        self.const = const
+
+    def add(self, other: "Linear", sign: int = 1) -> "Linear":
+        terms = dict(self.terms)
+        for key, (atom, coef) in other.terms.items():
+            old = terms.get(key, (atom, 0))[1]
+            terms[key] = (atom, old + sign * coef)
+        return Linear({k: v for k, v in terms.items() if v[1] != 0}, self.const + sign * other.const)
+
+    def scale(self, c: int) -> "Linear":
+        if c == 0:
+            return Linear()
+        return Linear({k: (a, coef * c) for k, (a, coef) in self.terms.items()}, self.const * c)
+
+
+def atom_key(expr: E.Expr) -> str:
+    """A structural key for an atom: equal keys mean equal expressions."""
+    if isinstance(expr, E.Var):
+        return f"v{id(expr)}"
+    if isinstance(expr, E.Const):
+        return f"c{expr.value}"
+    if isinstance(expr, E.TensorRead):
+        return f"T{id(expr.tensor)}[" + ",".join(atom_key(i) for i in expr.indices) + "]"
+    inner = ",".join(atom_key(c) for c in expr.children())
+    tag = getattr(expr, "op", getattr(expr, "func", type(expr).__name__))
+    return f"{type(expr).__name__}:{tag}({inner})"
+
+
+def to_linear(expr: E.Expr) -> Linear:
+    if isinstance(expr, E.Const) and E.is_int(expr.dtype):
+        return Linear({}, expr.value)
+    if isinstance(expr, E.BinOp) and E.is_int(expr.dtype):
+        if expr.op == "+":
+            return to_linear(expr.a).add(to_linear(expr.b))
+        if expr.op == "-":
+            return to_linear(expr.a).add(to_linear(expr.b), -1)
+        if expr.op == "*":
+            la, lb = to_linear(expr.a), to_linear(expr.b)
+            if not la.terms:
+                return lb.scale(la.const)
+            if not lb.terms:
+                return la.scale(lb.const)
+    return Linear({atom_key(expr): (expr, 1)}, 0)
+
+
+def from_linear(lin: Linear, dtype: str = "int32") -> E.Expr:
+    """Rebuild an expression: positive terms first, in a stable order, then the constant."""
+    items = sorted(lin.terms.values(), key=lambda t: (t[1] < 0, _order_key(t[0])))
+    out: Optional[E.Expr] = None
+    for atom, coef in items:
+        mag = abs(coef)
+        term = atom if mag == 1 else E.BinOp("*", atom, E.Const(mag, dtype), dtype)
+        if out is None:
+            out = term if coef > 0 else E.BinOp("-", E.Const(0, dtype), term, dtype)
+        else:
+            out = E.BinOp("+" if coef > 0 else "-", out, term, dtype)
+    if out is None:
+        return E.Const(lin.const, dtype)
+    if lin.const > 0:
+        out = E.BinOp("+", out, E.Const(lin.const, dtype), dtype)
+    elif lin.const < 0:
+        out = E.BinOp("-", out, E.Const(-lin.const, dtype), dtype)
+    return out
+
+
+def _order_key(atom: E.Expr) -> str:
+    return atom.name if isinstance(atom, E.Var) else "~" + atom_key(atom)
+
+
+# ---------------------------------------------------------------------------------------------
+# simplification
+
+def simplify(expr: E.Expr, ranges: Ranges | None = None) -> E.Expr:
+    """Fold constants, normalize integer sums, and drop div/mod/min/max/conditions that the
+    variable ranges decide."""
+    ranges = ranges or {}
+    return E.transform(expr, lambda node: _simplify_node(node, ranges))
+
+
+def _simplify_node(node: E.Expr, ranges: Ranges) -> E.Expr | None:
+    if isinstance(node, E.Var):
+        r = ranges.get(id(node))
+        return E.Const(r[0], node.dtype) if r is not None and r[0] == r[1] else None
+    if isinstance(node, E.BinOp):
+        a, b = node.a, node.b
+        if isinstance(a, E.Const) and isinstance(b, E.Const):
+            return _fold_binop(node.op, a, b, node.dtype)
+        if E.is_int(node.dtype):
+            return _simplify_int_binop(node, ranges)
+        if node.op == "*" and _is_const(b, 1):
+            return a
+        if node.op == "*" and _is_const(a, 1):
+            return b
+        if node.op in ("+", "-") and _is_const(b, 0):
+            return a
+        if node.op == "+" and _is_const(a, 0):
+            return b
+        return None
+    if isinstance(node, E.Compare):
+        if E.is_int(node.a.dtype):
+            diff = simplify(E.BinOp("-", node.a, node.b, node.a.dtype), ranges)
+            lo, hi = const_bounds(diff, ranges)
+            decided = _decide(node.op, lo, hi)
+            if decided is not None:
+                return E.Const(decided, "bool")
+        if isinstance(node.a, E.Const) and isinstance(node.b, E.Const):
+            return E.Const(_compare(node.op, node.a.value, node.b.value), "bool")
+        return None
+    if isinstance(node, E.Logical):
+        args = node.args
+        if node.op == "not":
+            if isinstance(args[0], E.Const):
+                return E.Const(not args[0].value, "bool")
+            return None
+        absorbing = node.op == "or"
+        kept = []
+        for arg in args:
+            if isinstance(arg, E.Const):
+                if arg.value == absorbing:
+                    return E.Const(absorbing, "bool")
+                continue
+            kept.append(arg)
+        if not kept:
+            return E.Const(not absorbing, "bool")
+        return kept[0] if len(kept) == 1 else (None if len(kept) == len(args) else E.Logical(node.op, tuple(kept)))
+    if isinstance(node, E.Select) and isinstance(node.cond, E.Const):
+        return node.a if node.cond.value else node.b
+    if isinstance(node, E.Cast) and isinstance(node.value, E.Const):
+        return E.Const(node.value.value, node.dtype)
+    return None
+
+
+def _is_const(e: E.Expr, v) -> bool:
+    return isinstance(e, E.Const) and e.value == v
+
+
+def _decide(op: str, lo: float, hi: float) -> bool | None:
+    """Decide `diff op 0` from the bounds of diff, or None if the bounds do not decide."""
+    if op == "<":
+        return True if hi < 0 else (False if lo >= 0 else None)
+    if op == "<=":
+        return True if hi <= 0 else (False if lo > 0 else None)
+    if op == ">":
+        return True if lo > 0 else (False if hi <= 0 else None)
+    if op == ">=":
+        return True if lo >= 0 else (False if hi < 0 else None)
+    if op == "==":
+        return True if lo == hi == 0 else (False if lo > 0 or hi < 0 else None)
+    if op == "!=":
+        return False if lo == hi == 0 else (True if lo > 0 or hi < 0 else None)
+    return None
+
+
+def _compare(op: str, a, b) -> bool:
+    return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b, "==": a == b, "!=": a != b}[op]
+
+
+def _fold_binop(op: str, a: E.Const, b: E.Const, dtype: str) -> E.Expr:
+    x, y = a.value, b.value
+    if op in ("//", "%", "/") and y == 0:
+        return E.BinOp(op, a, b, dtype)
+    value = {
+        "+": lambda: x + y, "-": lambda: x - y, "*": lambda: x * y, "/": lambda: x / y,
+        "//": lambda: x // y, "%": lambda: x % y, "min": lambda: min(x, y), "max": lambda: max(x, y),
+    }[op]()
+    return E.Const(value, dtype)
+
+
+def _simplify_int_binop(node: E.BinOp, ranges: Ranges) -> E.Expr | None:
+    op, dtype = node.op, node.dtype
+    if op in ("+", "-", "*"):
+        lin = to_linear(node)
+        if op == "*" and len(lin.terms) == 1 and next(iter(lin.terms.values()))[0] is node:
+            return None  # a non-linear product stays as it is
+        return from_linear(lin, dtype)
+    if op in ("//", "%") and isinstance(node.b, E.Const) and node.b.value > 0:
+        c = node.b.value
+        lin = to_linear(node.a)
+        quotient = Linear({k: (a, coef // c) for k, (a, coef) in lin.terms.items() if coef % c == 0},
+                          lin.const // c)
+        rest = Linear({k: (a, coef) for k, (a, coef) in lin.terms.items() if coef % c != 0},
+                      lin.const % c)
+        rest_expr = from_linear(rest, dtype)
+        lo, hi = const_bounds(rest_expr, ranges)
+        if 0 <= lo and hi < c:  # the remainder part never crosses a multiple of c
+            return from_linear(quotient, dtype) if op == "//" else rest_expr
+        if op == "%":
+            if not rest.terms:
+                return E.Const(rest.const, dtype)
+            return E.BinOp("%", rest_expr, node.b, dtype) if quotient.terms or lin.const != rest.const else None
+        if quotient.terms or quotient.const:
+            return from_linear(quotient, dtype) + E.BinOp("//", rest_expr, node.b, dtype)
+        return None
+    if op in ("min", "max"):
+        diff = simplify(E.BinOp("-", node.a, node.b, dtype), ranges)
+        lo, hi = const_bounds(diff, ranges)
+        if hi <= 0:
+            return node.a if op == "min" else node.b
+        if lo >= 0:
+            return node.b if op == "min" else node.a
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# symbolic bounds (for bound inference)
+
+def symbolic_bounds(expr: E.Expr, inner: Ranges) -> tuple[E.Expr, E.Expr] | None:
+    """Bounds of an integer expression when the variables in `inner` sweep their ranges and
+    every other variable is held fixed; None where interval arithmetic cannot say."""
+    result = _sym(expr, inner)
+    if result is None:
+        return None
+    lo, hi = result
+    return simplify(lo), simplify(hi)
+
+
+def _has_inner(expr: E.Expr, inner: Ranges) -> bool:
+    return any(isinstance(n, E.Var) and id(n) in inner for n in E.walk(expr))
+
+
+def _sym(expr: E.Expr, inner: Ranges):
+    if not _has_inner(expr, inner):
+        return expr, expr
+    if isinstance(expr, E.Var):
+        lo, hi = inner[id(expr)]
+        return E.Const(lo, expr.dtype), E.Const(hi, expr.dtype)
+    if isinstance(expr, E.BinOp) and E.is_int(expr.dtype):
+        a, b = _sym(expr.a, inner), _sym(expr.b, inner)
+        if a is None or b is None:
+            return None
+        dt = expr.dtype
+        if expr.op == "+":
+            return E.BinOp("+", a[0], b[0], dt), E.BinOp("+", a[1], b[1], dt)
+        if expr.op == "-":
+            return E.BinOp("-", a[0], b[1], dt), E.BinOp("-", a[1], b[0], dt)
+        if expr.op == "*":
+            for (x, y) in ((a, b), (b, a)):
+                c = simplify(y[0])
+                if y[0] is y[1] and isinstance(c, E.Const):
+                    lo, hi = (x[0], x[1]) if c.value >= 0 else (x[1], x[0])
+                    return E.BinOp("*", lo, c, dt), E.BinOp("*", hi, c, dt)
+            return None
+        if expr.op in ("//", "%") and b[0] is b[1]:
+            c = simplify(b[0])
+            if isinstance(c, E.Const) and c.value > 0:
+                if expr.op == "//":
+                    return E.BinOp("//", a[0], c, dt), E.BinOp("//", a[1], c, dt)
+                return E.Const(0, dt), E.Const(c.value - 1, dt)
+            return None
+        if expr.op in ("min", "max"):
+            return E.BinOp(expr.op, a[0], b[0], dt), E.BinOp(expr.op, a[1], b[1], dt)
+    return None

@@ -1,0 +1,522 @@
+"""Expression nodes of the tensor-expression language.
+
+Expressions are immutable trees. Python operators build new nodes, so `==` and `<` on expressions
+return comparison *expressions*; to stop those from silently becoming Python booleans,
+`Expr.__bool__` raises. Nodes hash by identity; compare structure with `structural_key`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterable, Sequence, Union
+
+import numpy as np
+
+FLOAT_DTYPES = ("float32", "float64")
+INT_DTYPES = ("int32", "int64")
+DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
+DTYPE_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
+
+ExprLike = Union["Expr", int, float, bool]
+
+
+def check_dtype(dtype: str) -> str:
+    dtype = str(np.dtype(dtype)) if dtype != "bool" else dtype
+    if dtype not in DTYPES:
+        raise TypeError(f"unsupported dtype {dtype!r}; ansor supports {', '.join(DTYPES)}")
+    return dtype
+
+
+def is_float(dtype: str) -> bool:
+    return dtype in FLOAT_DTYPES
+
+
+def is_int(dtype: str) -> bool:
+    return dtype in INT_DTYPES
+
+
+class Expr:
+    """Base class: every node has a dtype."""
+
+    __slots__ = ("dtype",)
+    dtype: str
+
+    # arithmetic ---------------------------------------------------------------------------
+    def __add__(self, other: ExprLike) -> Expr:
+        return binary("+", self, other)
+
+    def __radd__(self, other: ExprLike) -> Expr:
+        return binary("+", other, self)
+
+    def __sub__(self, other: ExprLike) -> Expr:
+        return binary("-", self, other)
+
+    def __rsub__(self, other: ExprLike) -> Expr:
+        return binary("-", other, self)
+
+    def __mul__(self, other: ExprLike) -> Expr:
+        return binary("*", self, other)
+
+    def __rmul__(self, other: ExprLike) -> Expr:
+        return binary("*", other, self)
+
+    def __truediv__(self, other: ExprLike) -> Expr:
+        return binary("/", self, other)
+
+    def __rtruediv__(self, other: ExprLike) -> Expr:
+        return binary("/", other, self)
+
+    def __floordiv__(self, other: ExprLike) -> Expr:
+        return binary("//", self, other)
+
+    def __rfloordiv__(self, other: ExprLike) -> Expr:
+        return binary("//", other, self)
+
+    def __mod__(self, other: ExprLike) -> Expr:
+        return binary("%", self, other)
+
+    def __rmod__(self, other: ExprLike) -> Expr:
+        return binary("%", other, self)
+
+    def __neg__(self) -> Expr:
+        return binary("-", Const(0, self.dtype), self)
+
+    # comparisons and logic ----------------------------------------------------------------
+    def __lt__(self, other: ExprLike) -> Expr:
+        return compare("<", self, other)
+
+    def __le__(self, other: ExprLike) -> Expr:
+        return compare("<=", self, other)
+
+    def __gt__(self, other: ExprLike) -> Expr:
+        return compare(">", self, other)
+
+    def __ge__(self, other: ExprLike) -> Expr:
+        return compare(">=", self, other)
+
+    def __eq__(self, other: ExprLike) -> Expr:  # type: ignore[override]
+        return compare("==", self, other)
+
+    def __ne__(self, other: ExprLike) -> Expr:  # type: ignore[override]
+        return compare("!=", self, other)
+
+    def __and__(self, other: ExprLike) -> Expr:
+        return Logical("and", (as_bool(self), as_bool(other)))
+
+    def __rand__(self, other: ExprLike) -> Expr:
+        return Logical("and", (as_bool(other), as_bool(self)))
+
+    def __or__(self, other: ExprLike) -> Expr:
+        return Logical("or", (as_bool(self), as_bool(other)))
+
+    def __ror__(self, other: ExprLike) -> Expr:
+        return Logical("or", (as_bool(other), as_bool(self)))
+
+    def __invert__(self) -> Expr:
+        return Logical("not", (as_bool(self),))
+
+    __hash__ = object.__hash__
+
+    def __bool__(self) -> bool:
+        raise TypeError(
+            "an ansor expression has no Python truth value; use te.if_then_else for conditions"
+        )
+
+    def children(self) -> tuple[Expr, ...]:
+        return ()
+
+    def __repr__(self) -> str:
+        from ansor.te.printer import expr_to_str
+
+        return expr_to_str(self)
+
+
+class Const(Expr):
+    __slots__ = ("value",)
+
+    def __init__(self, value: int | float | bool, dtype: str):
+        self.dtype = check_dtype(dtype)
+        if is_int(dtype):
+            value = int(value)
+        elif is_float(dtype):
+            value = float(value)
+        else:
+            value = bool(value)
+        self.value = value
+
+
+class Var(Expr):
+    """A named integer variable (an axis or a loop variable)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str, dtype: str = "int32"):
+        self.name = name
+        self.dtype = dtype
+
+
+class IterVar(Var):
+    """An axis with a domain [lo, lo + extent); kind is 'spatial' or 'reduce'."""
+
+    __slots__ = ("lo", "extent", "kind")
+
+    def __init__(self, name: str, extent: int, kind: str, lo: int = 0):
+        super().__init__(name, "int32")
+        if not isinstance(extent, (int, np.integer)) or extent <= 0:
+            raise ValueError(f"axis {name!r}: extent must be a positive integer, got {extent!r}")
+        self.lo = int(lo)
+        self.extent = int(extent)
+        self.kind = kind
+
+
+class BinOp(Expr):
+    """Arithmetic: + - * / // % min max. `//` and `%` floor (Python semantics)."""
+
+    __slots__ = ("op", "a", "b")
+
+    def __init__(self, op: str, a: Expr, b: Expr, dtype: str):
+        self.op, self.a, self.b, self.dtype = op, a, b, dtype
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.a, self.b)
+
+
+class Compare(Expr):
+    __slots__ = ("op", "a", "b")
+
+    def __init__(self, op: str, a: Expr, b: Expr):
+        self.op, self.a, self.b, self.dtype = op, a, b, "bool"
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.a, self.b)
+
+
+class Logical(Expr):
+    __slots__ = ("op", "args")
+
+    def __init__(self, op: str, args: tuple[Expr, ...]):
+        self.op, self.args, self.dtype = op, tuple(args), "bool"
+
+    def children(self) -> tuple[Expr, ...]:
+        return self.args
+
+
+class Call(Expr):
+    """A pure math function of its arguments (exp, log, sqrt, ...)."""
+
+    __slots__ = ("func", "args")
+
+    def __init__(self, func: str, args: Sequence[Expr], dtype: str):
+        self.func, self.args, self.dtype = func, tuple(args), dtype
+
+    def children(self) -> tuple[Expr, ...]:
+        return self.args
+
+
+class Select(Expr):
+    """`cond ? a : b`, evaluating only the branch taken (a guarded load is safe)."""
+
+    __slots__ = ("cond", "a", "b")
+
+    def __init__(self, cond: Expr, a: Expr, b: Expr):
+        self.cond, self.a, self.b, self.dtype = cond, a, b, a.dtype
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.cond, self.a, self.b)
+
+
+class Cast(Expr):
+    __slots__ = ("value",)
+
+    def __init__(self, dtype: str, value: Expr):
+        self.dtype, self.value = check_dtype(dtype), value
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.value,)
+
+
+class TensorRead(Expr):
+    """`tensor[indices]` in a declaration; lowering turns it into a buffer load."""
+
+    __slots__ = ("tensor", "indices")
+
+    def __init__(self, tensor, indices: Sequence[Expr]):
+        self.tensor, self.indices, self.dtype = tensor, tuple(indices), tensor.dtype
+
+    def children(self) -> tuple[Expr, ...]:
+        return self.indices
+
+
+class Reduce(Expr):
+    """A reduction (sum/max/min) of `source` over `axes`, skipping points where `where` is false."""
+
+    __slots__ = ("combiner", "source", "axes", "where")
+
+    def __init__(self, combiner: str, source: Expr, axes: Sequence[IterVar], where: Expr | None):
+        self.combiner, self.source, self.axes = combiner, source, tuple(axes)
+        self.where, self.dtype = where, source.dtype
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.source,) if self.where is None else (self.source, self.where)
+
+
+# ---------------------------------------------------------------------------------------------
+# construction helpers
+
+def const(value: int | float | bool, dtype: str = "float32") -> Const:
+    """A constant of the given dtype."""
+    return Const(value, dtype)
+
+
+def as_expr(value: ExprLike, like: str | None = None) -> Expr:
+    """Wrap a Python number; it takes the dtype `like` of the expression it meets."""
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, (bool, np.bool_)):
+        return Const(bool(value), "bool")
+    if isinstance(value, (int, np.integer)):
+        if like is not None and like != "bool":
+            return Const(int(value), like)
+        return Const(int(value), "int32" if -(2**31) <= value < 2**31 else "int64")
+    if isinstance(value, (float, np.floating)):
+        if like is not None and is_int(like):
+            raise TypeError(
+                f"a float constant {value!r} meets an integer expression; use te.cast to convert"
+            )
+        return Const(float(value), like if like is not None and is_float(like) else "float32")
+    raise TypeError(f"cannot use {type(value).__name__} {value!r} in a tensor expression")
+
+
+def as_bool(value: ExprLike) -> Expr:
+    e = as_expr(value)
+    if e.dtype != "bool":
+        raise TypeError(f"expected a condition (bool expression), got dtype {e.dtype}")
+    return e
+
+
+def _unify(a: ExprLike, b: ExprLike) -> tuple[Expr, Expr, str]:
+    if not isinstance(a, Expr) and not isinstance(b, Expr):
+        raise TypeError("at least one operand must be an expression")
+    if not isinstance(a, Expr):
+        a = as_expr(a, b.dtype)  # type: ignore[union-attr]
+    if not isinstance(b, Expr):
+        b = as_expr(b, a.dtype)
+    if a.dtype == b.dtype:
+        return a, b, a.dtype
+    if is_int(a.dtype) and is_int(b.dtype):
+        return a, b, "int64"
+    raise TypeError(
+        f"operands have different dtypes ({a.dtype} and {b.dtype}); use te.cast to convert one"
+    )
+
+
+def binary(op: str, a: ExprLike, b: ExprLike) -> Expr:
+    a, b, dtype = _unify(a, b)
+    if dtype == "bool":
+        raise TypeError(f"arithmetic {op!r} on bool expressions; use & | ~ for logic")
+    if op == "/" and is_int(dtype):
+        raise TypeError("'/' on integer expressions is ambiguous; use '//' (floor division)")
+    if op in ("//", "%") and is_float(dtype):
+        raise TypeError(f"{op!r} is defined on integer expressions only")
+    return BinOp(op, a, b, dtype)
+
+
+def compare(op: str, a: ExprLike, b: ExprLike) -> Expr:
+    a, b, _ = _unify(a, b)
+    return Compare(op, a, b)
+
+
+def maximum(a: ExprLike, b: ExprLike) -> Expr:
+    a, b, dtype = _unify(a, b)
+    return BinOp("max", a, b, dtype)
+
+
+def minimum(a: ExprLike, b: ExprLike) -> Expr:
+    a, b, dtype = _unify(a, b)
+    return BinOp("min", a, b, dtype)
+
+
+def if_then_else(cond: ExprLike, then_value: ExprLike, else_value: ExprLike) -> Expr:
+    """Select one of two values; the branch not taken is never evaluated."""
+    cond = as_bool(cond)
+    a, b, _ = _unify(then_value, else_value)
+    return Select(cond, a, b)
+
+
+def cast(value: ExprLike, dtype: str) -> Expr:
+    e = as_expr(value)
+    dtype = check_dtype(dtype)
+    return e if e.dtype == dtype else Cast(dtype, e)
+
+
+def _float_call(func: str, *args: ExprLike) -> Expr:
+    exprs = [as_expr(a) for a in args]
+    like = next((e.dtype for e in exprs if isinstance(e, Expr) and not isinstance(e, Const)), None)
+    exprs = [as_expr(a, like) if not isinstance(a, Expr) else a for a in args]
+    dtype = exprs[0].dtype
+    for e in exprs:
+        if e.dtype != dtype:
+            raise TypeError(f"{func}: arguments have different dtypes; use te.cast")
+    if func != "abs" and not is_float(dtype):
+        raise TypeError(f"{func} needs a float argument, got {dtype}; use te.cast")
+    return Call(func, exprs, dtype)
+
+
+def exp(x: ExprLike) -> Expr:
+    return _float_call("exp", x)
+
+
+def log(x: ExprLike) -> Expr:
+    return _float_call("log", x)
+
+
+def sqrt(x: ExprLike) -> Expr:
+    return _float_call("sqrt", x)
+
+
+def rsqrt(x: ExprLike) -> Expr:
+    return _float_call("rsqrt", x)
+
+
+def tanh(x: ExprLike) -> Expr:
+    return _float_call("tanh", x)
+
+
+def erf(x: ExprLike) -> Expr:
+    return _float_call("erf", x)
+
+
+def sigmoid(x: ExprLike) -> Expr:
+    return _float_call("sigmoid", x)
+
+
+def abs(x: ExprLike) -> Expr:  # noqa: A001 - mirrors the math name users expect
+    return _float_call("abs", x)
+
+
+def pow(x: ExprLike, y: ExprLike) -> Expr:  # noqa: A001
+    return _float_call("pow", x, y)
+
+
+MATH_FUNCS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "pow")
+
+
+def _reduce(combiner: str, source: ExprLike, axis, where: ExprLike | None) -> Reduce:
+    axes = list(axis) if isinstance(axis, (list, tuple)) else [axis]
+    if not axes:
+        raise ValueError(f"te.{combiner}: give at least one reduce axis")
+    for ax in axes:
+        if not isinstance(ax, IterVar) or ax.kind != "reduce":
+            raise TypeError(f"te.{combiner}: axis= takes axes made by te.reduce_axis, got {ax!r}")
+    source = as_expr(source)
+    if source.dtype == "bool":
+        raise TypeError(f"te.{combiner} of a bool expression; cast it first")
+    return Reduce(combiner, source, axes, None if where is None else as_bool(where))
+
+
+def sum(source: ExprLike, axis, where: ExprLike | None = None) -> Reduce:  # noqa: A001
+    """Sum of `source` over the reduce axis (or list of axes) `axis`."""
+    return _reduce("sum", source, axis, where)
+
+
+def max(source: ExprLike, axis, where: ExprLike | None = None) -> Reduce:  # noqa: A001
+    return _reduce("max", source, axis, where)
+
+
+def min(source: ExprLike, axis, where: ExprLike | None = None) -> Reduce:  # noqa: A001
+    return _reduce("min", source, axis, where)
+
+
+def reduce_identity(combiner: str, dtype: str) -> Const:
+    """The value a reduction starts from."""
+    if combiner == "sum":
+        return Const(0, dtype)
+    if is_float(dtype):
+        return Const(-math.inf if combiner == "max" else math.inf, dtype)
+    info = np.iinfo(dtype)
+    return Const(info.min if combiner == "max" else info.max, dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# traversal
+
+def walk(expr: Expr) -> Iterable[Expr]:
+    """All nodes of an expression, pre-order."""
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(node.children()))
+
+
+def rebuild(expr: Expr, children: Sequence[Expr]) -> Expr:
+    """A copy of `expr` with new children (same kind of node)."""
+    if isinstance(expr, BinOp):
+        return BinOp(expr.op, children[0], children[1], expr.dtype)
+    if isinstance(expr, Compare):
+        return Compare(expr.op, children[0], children[1])
+    if isinstance(expr, Logical):
+        return Logical(expr.op, tuple(children))
+    if isinstance(expr, Call):
+        return Call(expr.func, children, expr.dtype)
+    if isinstance(expr, Select):
+        return Select(children[0], children[1], children[2])
+    if isinstance(expr, Cast):
+        return Cast(expr.dtype, children[0])
+    if isinstance(expr, TensorRead):
+        return TensorRead(expr.tensor, children)
+    if isinstance(expr, Reduce):
+        where = children[1] if len(children) > 1 else None
+        return Reduce(expr.combiner, children[0], expr.axes, where)
+    if hasattr(expr, "rebuild"):
+        return expr.rebuild(children)  # type: ignore[attr-defined]
+    return expr
+
+
+def transform(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
+    """Bottom-up rewrite: `fn(node)` returns a replacement, or None to keep the node."""
+    memo: dict[int, Expr] = {}
+
+    def go(node: Expr) -> Expr:
+        key = id(node)
+        if key in memo:
+            return memo[key]
+        kids = node.children()
+        if kids:
+            new_kids = [go(c) for c in kids]
+            if any(n is not o for n, o in zip(new_kids, kids)):
+                node = rebuild(node, new_kids)
+        out = fn(node)
+        result = node if out is None else out
+        memo[key] = result
+        return result
+
+    return go(expr)
+
+
+def substitute(expr: Expr, mapping: dict[Var, Expr]) -> Expr:
+    """Replace variables (matched by identity) with expressions."""
+    if not mapping:
+        return expr
+    return transform(expr, lambda n: mapping.get(n) if isinstance(n, Var) else None)
+
+
+def free_vars(expr: Expr) -> list[Var]:
+    seen: dict[int, Var] = {}
+    bound: set[int] = set()
+    for node in walk(expr):
+        if isinstance(node, Reduce):
+            bound.update(id(a) for a in node.axes)
+        if isinstance(node, Var):
+            seen.setdefault(id(node), node)
+    return [v for k, v in seen.items() if k not in bound]
+
+
+def tensors_read(expr: Expr) -> list:
+    """Tensors read by an expression, in first-use order, without repeats."""
+    out, seen = [], set()
+    for node in walk(expr):
+        if isinstance(node, TensorRead) and id(node.tensor) not in seen:
+            seen.add(id(node.tensor))
+            out.append(node.tensor)
+    return out
