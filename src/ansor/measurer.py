@@ -1,0 +1,113 @@
+"""ProgramMeasurer: turn candidate States into measured, checked records.
+
+Lowering and code generation happen here (an error there is an instantiation error record);
+compilation runs in parallel through the Builder; every kernel runs in the Runner's isolated
+worker, is checked against the task's reference outputs, and only then timed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from ansor.codegen import generate_source
+from ansor.database import Database, Record
+from ansor.measure import Builder, MeasureErrorNo, Runner, TimingPolicy
+from ansor.schedule.state import State
+from ansor.task import Task
+
+
+@dataclass(frozen=True)
+class MeasureResult:
+    state: State
+    record: Record
+
+    @property
+    def ok(self) -> bool:
+        return self.record.ok
+
+    @property
+    def cost(self) -> float:
+        return self.record.median_cost
+
+
+class ProgramMeasurer:
+    """Measures batches of programs of one task; records go to the database per batch."""
+
+    def __init__(self, task: Task, database: Database | None = None, builder: Builder | None = None,
+                 runner: Runner | None = None, timeout: float = 10.0, timing: TimingPolicy | None = None,
+                 seed: int = 0):
+        self.task = task
+        self.database = database
+        self.builder = builder or Builder()
+        self.runner = runner or Runner(timeout=timeout, timing=timing or TimingPolicy())
+        self._owns_runner = runner is None
+        self.seed = seed
+        self._task_set = False
+        if database is not None:
+            database.add_workload(task.workload_key, task.describe(), task.flop)
+            database.add_target(task.target.key, task.target.describe())
+
+    def _ensure_task(self) -> None:
+        if not self._task_set:
+            inputs = self.task.random_inputs(self.seed)
+            expected = self.task.reference_outputs(inputs)
+            self.runner.set_task(inputs, expected)
+            self._task_set = True
+
+    def measure(self, states: Sequence[State]) -> list[MeasureResult]:
+        """Measure every state; never raises for a bad program (it becomes an error record)."""
+        self._ensure_task()
+        start = time.time()
+        sources: list[str | None] = []
+        names: list[str] = []
+        errors: list[str] = []
+        for st in states:
+            try:
+                src, fname = generate_source(st, self.task.target, "kernel")
+                sources.append(src)
+                names.append(fname)
+                errors.append("")
+            except Exception as exc:  # a program that cannot be lowered is data, not a crash
+                sources.append(None)
+                names.append("")
+                errors.append(f"{type(exc).__name__}: {exc}")
+        to_build = [s for s in sources if s is not None]
+        built = iter(self.builder.build(to_build)) if to_build else iter(())
+        results = []
+        for st, src, fname, err in zip(states, sources, names, errors):
+            t0 = time.time()
+            if src is None:
+                rec = self._record(st, (), MeasureErrorNo.INSTANTIATION_ERROR, err, 0.0)
+            else:
+                b = next(built)
+                if b.error_no != MeasureErrorNo.NO_ERROR or b.lib_path is None:
+                    rec = self._record(st, (), b.error_no, b.error_msg, b.compile_seconds)
+                else:
+                    r = self.runner.run(b.lib_path, fname)
+                    costs = r.costs if r.error_no == MeasureErrorNo.NO_ERROR else ()
+                    rec = self._record(st, costs, r.error_no, r.error_msg,
+                                       b.compile_seconds + (time.time() - t0))
+            results.append(MeasureResult(st, rec))
+        if self.database is not None:
+            self.database.add_records([r.record for r in results])
+        self.last_batch_seconds = time.time() - start
+        return results
+
+    def _record(self, state: State, costs, error_no, msg: str, all_cost: float) -> Record:
+        return Record(
+            workload_key=self.task.workload_key,
+            target_key=self.task.target.key,
+            steps=state.steps_json(),
+            state_key=state.key(),
+            costs=tuple(costs),
+            error_no=int(error_no),
+            error_msg=msg[:2000],
+            all_cost=all_cost,
+            timestamp=time.time(),
+        )
+
+    def close(self) -> None:
+        if self._owns_runner:
+            self.runner.close()

@@ -1,0 +1,63 @@
+"""Target: the hardware a program is tuned for, with a stable key for records."""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Target:
+    """Hardware parameters the search and cost model use (after Ansor's HardwareParams)."""
+
+    kind: str = "cpu"                # "cpu" | "cuda" | "opencl"
+    isa: str = "generic"             # cpu: "avx512" | "avx2" | "generic"
+    num_cores: int = 1
+    vector_unit_bytes: int = 16
+    cache_line_bytes: int = 64
+    max_shared_memory_per_block: int = 0
+    max_threads_per_block: int = 0
+    max_vthread_extent: int = 0
+    warp_size: int = 0
+
+    @classmethod
+    def host(cls) -> "Target":
+        """The CPU this process runs on."""
+        flags = _cpu_flags()
+        if "avx512f" in flags:
+            isa, vec = "avx512", 64
+        elif "avx2" in flags:
+            isa, vec = "avx2", 32
+        else:
+            isa, vec = "generic", 16
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return cls("cpu", isa, cores, vec, 64)
+
+    @classmethod
+    def cuda(cls, shared_memory: int = 48 * 1024, max_threads: int = 1024) -> "Target":
+        return cls("cuda", "sm", -1, 16, 64, shared_memory, max_threads, 8, 32)
+
+    @property
+    def key(self) -> str:
+        """Stable text naming the target in the database (same machine kind -> same key)."""
+        if self.kind == "cpu":
+            return f"cpu-{platform.machine() or 'unknown'}-{self.isa}-{self.num_cores}c"
+        return f"{self.kind}-{self.isa}"
+
+    def describe(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return self.key
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()

@@ -1,0 +1,56 @@
+"""Task: one computation (a ComputeDAG) to tune for one Target."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ansor.dag import ComputeDAG
+from ansor.target import Target
+from ansor.te.tensor import Tensor
+
+
+class Task:
+    """Inputs then outputs form the kernel's signature; the target defaults to the host CPU."""
+
+    def __init__(self, tensors: Sequence[Tensor], target: Target | None = None, name: str | None = None):
+        self.dag = ComputeDAG(tensors)
+        self.target = target or Target.host()
+        self.name = name or "_".join(t.name for t in self.dag.outputs)
+
+    @property
+    def workload_key(self) -> str:
+        return self.dag.workload_key
+
+    @property
+    def flop(self) -> float:
+        return self.dag.flop
+
+    @property
+    def inputs(self) -> list[Tensor]:
+        return self.dag.inputs
+
+    @property
+    def outputs(self) -> list[Tensor]:
+        return self.dag.outputs
+
+    def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
+        """Reproducible inputs for measurement and checking."""
+        from ansor.te.evaluate import random_inputs
+
+        return random_inputs(self.dag.inputs, seed=seed)
+
+    def reference_outputs(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The outputs computed by numpy from the declaration alone (no schedule involved)."""
+        from ansor.te.evaluate import evaluate
+
+        return evaluate(self.dag.outputs, dict(zip(self.dag.inputs, inputs)))
+
+    def describe(self) -> dict:
+        d = self.dag.describe()
+        d["name"] = self.name
+        return d
+
+    def __repr__(self) -> str:
+        return f"Task({self.name!r}, workload={self.workload_key}, target={self.target.key})"

@@ -1,0 +1,130 @@
+"""tune(): the measurement loop that drives a search policy and fills the database."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from ansor.database import Database, default_database_path
+from ansor.measure import TimingPolicy
+from ansor.measurer import ProgramMeasurer
+from ansor.search.policy import SearchPolicy
+from ansor.target import Target
+from ansor.task import Task
+
+TUNE_DEFAULTS = {
+    "measures_per_round": 16,  # programs compiled and measured per round
+    "timeout": 10.0,           # seconds a kernel may run before it counts as hung
+}
+
+
+@dataclass
+class TuneResult:
+    """What one tuning job found: the best cost and the tuning curve."""
+
+    task: Task
+    best_cost: float = math.inf              # seconds (median of repeats)
+    trials: int = 0                          # programs measured by this job
+    errors: int = 0
+    curve: list[tuple[int, float]] = field(default_factory=list)  # (trial, best GFLOP/s so far)
+    best_steps: list | None = None
+    seconds: float = 0.0
+
+    @property
+    def best_gflops(self) -> float:
+        return self.task.flop / self.best_cost / 1e9 if self.best_cost < math.inf else 0.0
+
+
+def open_database(database: Database | str | None) -> tuple[Database, bool]:
+    """(database, whether the caller owns it and must close it)."""
+    if isinstance(database, Database):
+        return database, False
+    return Database(database if database is not None else default_database_path()), True
+
+
+def make_policy(policy: str | SearchPolicy, task: Task, seed: int | None) -> SearchPolicy:
+    if isinstance(policy, SearchPolicy):
+        return policy
+    if policy == "random":
+        from ansor.search.basic import RandomSearchPolicy
+
+        return RandomSearchPolicy(task, seed)
+    raise ValueError(f"unknown search policy {policy!r}; available: 'random'")
+
+
+def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | str | None = None,
+         target: Target | None = None, timeout: float = TUNE_DEFAULTS["timeout"], seed: int | None = None,
+         policy: str | SearchPolicy = "random", measures_per_round: int = TUNE_DEFAULTS["measures_per_round"],
+         timing: TimingPolicy | None = None, progress: bool = True,
+         callback: Callable[[TuneResult], None] | None = None) -> TuneResult | list[TuneResult]:
+    """Search for fast programs of one task (or several, sharing the trial budget).
+
+    Records are committed to the database after every round, so an interrupted job loses at
+    most one round, and programs already in the database are never measured again.
+    """
+    single = isinstance(tasks, Task)
+    task_list = [tasks] if single else list(tasks)
+    if not task_list:
+        raise ValueError("tune: give at least one task")
+    if trials < 0:
+        raise ValueError(f"tune: trials must be >= 0, got {trials}")
+    if target is not None:
+        for t in task_list:
+            t.target = target
+    db, owned = open_database(database)
+    try:
+        results = [TuneResult(t) for t in task_list]
+        budgets = _split_budget(trials, len(task_list))
+        for t, res, budget in zip(task_list, results, budgets):
+            _tune_one(t, res, budget, db, timeout, seed, policy if single else "random", measures_per_round,
+                      timing, progress, callback)
+    finally:
+        if owned:
+            db.close()
+    return results[0] if single else results
+
+
+def _split_budget(trials: int, n: int) -> list[int]:
+    base, extra = divmod(trials, n)
+    return [base + (1 if i < extra else 0) for i in range(n)]
+
+
+def _tune_one(task: Task, res: TuneResult, budget: int, db: Database, timeout: float, seed: int | None,
+              policy: str | SearchPolicy, per_round: int, timing: TimingPolicy | None, progress: bool,
+              callback) -> None:
+    from ansor.report import TuneProgress
+
+    start = time.time()
+    pol = make_policy(policy, task, seed)
+    measured = db.measured_state_keys(task.workload_key, task.target.key)
+    prior = db.best(task.workload_key, task.target.key)
+    if prior:
+        res.best_cost = prior[0].median_cost
+        res.best_steps = prior[0].steps
+    measurer = ProgramMeasurer(task, db, timeout=timeout, timing=timing, seed=0)
+    try:
+        with TuneProgress(task, budget, enabled=progress) as bar:
+            while res.trials < budget:
+                states = pol.next_batch(min(per_round, budget - res.trials), measured)
+                if not states:
+                    bar.note("search space exhausted")
+                    break
+                batch = measurer.measure(states)
+                for r in batch:
+                    res.trials += 1
+                    measured.add(r.record.state_key)
+                    if not r.ok:
+                        res.errors += 1
+                    elif r.cost < res.best_cost:
+                        res.best_cost = r.cost
+                        res.best_steps = r.record.steps
+                    res.curve.append((res.trials, res.best_gflops))
+                pol.update(batch)
+                bar.update(res)
+                if callback is not None:
+                    callback(res)
+    finally:
+        measurer.close()
+        res.seconds = time.time() - start
