@@ -57,18 +57,19 @@ def format_seconds(sec: float | None) -> str:
 
 
 def comparison_table(title: str, flop: float, rows: Sequence[tuple[str, float | None, str]]) -> Table:
-    """Rows of (implementation, seconds, note) with GFLOP/s and ratio to the first row."""
+    """Rows of (implementation, seconds, note) with GFLOP/s; "ansor speedup" is each row's time
+    over the first row's (above 1: ansor, the first row, is faster)."""
     table = Table(title=title)
     table.add_column("implementation")
     table.add_column("time", justify="right")
     table.add_column("GFLOP/s", justify="right")
-    table.add_column("speed vs ansor", justify="right")
+    table.add_column("ansor speedup", justify="right")
     table.add_column("note")
     base = rows[0][1] if rows else None
     for name, sec, note in rows:
         gf = f"{flop / sec / 1e9:.1f}" if sec and math.isfinite(sec) and flop else "-"
         ratio = f"{sec / base:.2f}x" if sec and base and math.isfinite(sec) and math.isfinite(base) else "-"
-        table.add_row(name, format_seconds(sec), gf, ratio if name != rows[0][0] else "1.00x", note)
+        table.add_row(name, format_seconds(sec), gf, ratio if name != rows[0][0] else "-", note)
     return table
 
 

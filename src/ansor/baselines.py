@@ -1,0 +1,65 @@
+"""Timing of reference implementations (numpy, PyTorch) in the same run as ansor's kernels."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Timing:
+    median: float  # seconds per call
+    spread: float  # (max - min) / median over repeats
+
+
+def time_callable(fn: Callable[[], object], repeat: int = 5, min_repeat_s: float = 0.05) -> Timing:
+    """Median seconds per call: one warm-up, then `repeat` repeats of enough calls to last
+    `min_repeat_s` each."""
+    fn()
+    number = 1
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        elapsed = time.perf_counter() - t0
+        if elapsed >= min_repeat_s or number >= 1 << 20:
+            break
+        number *= 2
+    costs = [elapsed / number]
+    for _ in range(repeat - 1):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        costs.append((time.perf_counter() - t0) / number)
+    med = statistics.median(costs)
+    return Timing(med, (max(costs) - min(costs)) / med if med > 0 else 0.0)
+
+
+def time_numpy(fn: Callable[..., np.ndarray], inputs: Sequence[np.ndarray]) -> Timing:
+    return time_callable(lambda: fn(*inputs))
+
+
+def torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def time_torch(fn: Callable, options: dict, inputs: Sequence[np.ndarray], compiled: bool = False) -> Timing | None:
+    """PyTorch eager (or torch.compile when `compiled`) on the same inputs; None without torch."""
+    if not torch_available():
+        return None
+    import torch
+
+    tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
+    run = (lambda *xs: fn(options, *xs))
+    if compiled:
+        run = torch.compile(run)
+    with torch.no_grad():
+        return time_callable(lambda: run(*tensors))
