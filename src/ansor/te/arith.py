@@ -49,6 +49,8 @@ def const_bounds(expr: E.Expr, ranges: Ranges) -> tuple[float, float]:
             return min(alo, blo), min(ahi, bhi)
         if op == "max":
             return max(alo, blo), max(ahi, bhi)
+    if isinstance(expr, E.Cast) and E.is_int(expr.dtype) and E.is_int(expr.value.dtype):
+        return const_bounds(expr.value, ranges)
     if isinstance(expr, E.Select) and E.is_int(expr.dtype):
         alo, ahi = const_bounds(expr.a, ranges)
         blo, bhi = const_bounds(expr.b, ranges)

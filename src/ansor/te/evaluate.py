@@ -133,7 +133,8 @@ def _topo_order(outs: list[Tensor], given: dict) -> list[Operation]:
 def _check_input(t: Tensor, value) -> np.ndarray:
     arr = np.asarray(value)
     if arr.shape != t.shape:
-        raise ValueError(f"evaluate: value for {t.name!r} has shape {arr.shape}, expected {t.shape}")
+        raise ValueError(f"evaluate: value for {t.name!r} has shape {arr.shape}, "
+                         f"expected {t.shape}")
     target = np.dtype(t.dtype)
     if arr.dtype != target:
         if not np.can_cast(arr.dtype, target, "same_kind"):
@@ -313,6 +314,7 @@ class _Stage:
         self.dim_of = {id(a): d for d, a in enumerate(dims)}
         self._deps: dict[int, frozenset[int]] = {}
         self._read_plans: dict[int, list | None] = {}
+        self.shared = _shared_nodes(op.body)
 
     def deps(self, node: E.Expr) -> frozenset[int]:
         """The dimensions an expression varies over."""
@@ -412,7 +414,10 @@ class _Block:
     # -- expressions --------------------------------------------------------------------------
     def ev(self, node: E.Expr, mask: np.ndarray | None) -> np.ndarray:
         """The value of `node` over the block, as an array with one (possibly size-1) dimension
-        per iteration dimension. `mask` marks the lanes whose value is actually used."""
+        per iteration dimension. `mask` marks the lanes whose value is actually used. Only
+        subexpressions used more than once are kept, so temporaries die as soon as possible."""
+        if id(node) not in self.stage.shared:
+            return self._ev(node, mask)
         key = (id(node), 0 if mask is None else id(mask))
         got = self.memo.get(key)
         if got is None:
@@ -577,6 +582,19 @@ class _Block:
         for d in placed:
             shape[d] = self.shape[d]
         return view.reshape(shape)
+
+
+def _shared_nodes(body: E.Expr) -> set[int]:
+    """Ids of the nodes that more than one parent refers to (the expression is a DAG)."""
+    uses: dict[int, int] = {}
+    stack = [body]
+    while stack:
+        node = stack.pop()
+        for child in node.children():
+            uses[id(child)] = uses.get(id(child), 0) + 1
+            if uses[id(child)] == 1:
+                stack.append(child)
+    return {key for key, n in uses.items() if n > 1}
 
 
 def _label(d: int) -> str:

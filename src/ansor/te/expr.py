@@ -162,7 +162,7 @@ class IterVar(Var):
 
     def __init__(self, name: str, extent: int, kind: str, lo: int = 0):
         super().__init__(name, "int32")
-        if not isinstance(extent, (int, np.integer)) or extent <= 0:
+        if not isinstance(extent, (int, np.integer)) or isinstance(extent, bool) or extent <= 0:
             raise ValueError(f"axis {name!r}: extent must be a positive integer, got {extent!r}")
         self.lo = int(lo)
         self.extent = int(extent)
@@ -296,15 +296,15 @@ def as_bool(value: ExprLike) -> Expr:
 
 def _unify(a: ExprLike, b: ExprLike) -> tuple[Expr, Expr, str]:
     if not isinstance(a, Expr) and not isinstance(b, Expr):
-        raise TypeError("at least one operand must be an expression")
+        a = as_expr(a)
     if not isinstance(a, Expr):
         a = as_expr(a, b.dtype)  # type: ignore[union-attr]
     if not isinstance(b, Expr):
         b = as_expr(b, a.dtype)
     if a.dtype == b.dtype:
         return a, b, a.dtype
-    if is_int(a.dtype) and is_int(b.dtype):
-        return a, b, "int64"
+    if is_int(a.dtype) and is_int(b.dtype):  # widen the narrower integer
+        return cast(a, "int64"), cast(b, "int64"), "int64"
     raise TypeError(
         f"operands have different dtypes ({a.dtype} and {b.dtype}); use te.cast to convert one"
     )
@@ -328,11 +328,15 @@ def compare(op: str, a: ExprLike, b: ExprLike) -> Expr:
 
 def maximum(a: ExprLike, b: ExprLike) -> Expr:
     a, b, dtype = _unify(a, b)
+    if dtype == "bool":
+        raise TypeError("maximum of bool expressions; use | for logic")
     return BinOp("max", a, b, dtype)
 
 
 def minimum(a: ExprLike, b: ExprLike) -> Expr:
     a, b, dtype = _unify(a, b)
+    if dtype == "bool":
+        raise TypeError("minimum of bool expressions; use & for logic")
     return BinOp("min", a, b, dtype)
 
 

@@ -140,6 +140,8 @@ def _axis_names(fcompute: Callable, ndim: int) -> list[str]:
         params = []
     if params and params[0].kind == inspect.Parameter.VAR_POSITIONAL:
         return [f"i{d}" for d in range(ndim)]
+    params = [p for p in params if p.default is inspect.Parameter.empty
+              and p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     if len(params) != ndim:
         raise TypeError(
             f"the compute function takes {len(params)} arguments but the shape has {ndim} "

@@ -1,0 +1,219 @@
+"""Shared helpers for the schedule, lowering and codegen tests.
+
+`OPERATORS` holds small workloads, each with an independent numpy reference (the references
+never go through `ansor.te.evaluate`, so a schedule bug cannot hide behind an evaluator bug).
+`run_and_check` compiles a State, runs it on random inputs and compares with the reference.
+
+`KNOWN_BUGS` lists library bugs that have a strict-xfail repro in these tests; the random
+program generator in test_schedule_property.py stays away from them while they are open. When a
+bug is fixed its xfail test starts to pass (and fails the suite as XPASS(strict)): remove the
+xfail marker and set the flag here to False, so the property test covers the case again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+import ansor
+from ansor import te
+from ansor.kernel import compile_state
+from ansor.measure import Builder
+
+KNOWN_BUGS = {
+    # lower.py _emit_stage: the reduction's init store is wrapped in the guard of a
+    # non-divisible split of a *reduce* axis, outside the reduce loops: the C code uses undeclared
+    # loop variables (test_schedule.py::test_non_divisible_reduce_split_compiles).
+    "reduce_split_guard_on_init": True,
+    # state.py rfactor unpacks 2 values from leaf_expressions, which returns 3: every rfactor
+    # raises ValueError (test_schedule.py::test_rfactor_*).
+    "rfactor_unpack": True,
+}
+
+RTOL = 1e-4
+ATOL_UNIT = 1e-5
+
+
+def assert_close(actual: np.ndarray, expected: np.ndarray, what: str = "") -> None:
+    """float32 comparison: rtol 1e-4, atol 1e-5 scaled by the largest expected magnitude."""
+    expected = np.asarray(expected)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    scale = max(1.0, float(np.max(np.abs(expected)))) if expected.size else 1.0
+    np.testing.assert_allclose(actual, expected.astype(actual.dtype), rtol=RTOL,
+                               atol=ATOL_UNIT * scale, err_msg=what)
+
+
+def random_inputs(task: ansor.Task, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.uniform(-1.0, 1.0, size=t.shape).astype(t.dtype) for t in task.inputs]
+
+
+def run_state(task: ansor.Task, state: ansor.State, builder: Builder,
+              inputs: list[np.ndarray]) -> np.ndarray:
+    kernel = compile_state(task, state, builder=builder)
+    try:
+        return kernel(*inputs)
+    finally:
+        kernel.close()
+
+
+def run_and_check(op: "Operator", task: ansor.Task, state: ansor.State, builder: Builder,
+                  seed: int = 0) -> np.ndarray:
+    """Compile and run `state`; assert its output matches the numpy reference of `op`."""
+    inputs = random_inputs(task, seed)
+    out = run_state(task, state, builder, inputs)
+    expected = op.reference(*[a.astype(np.float64) for a in inputs])
+    assert_close(out, expected, f"{op.name}, steps {state.steps_json()}\n{state}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# numpy references (float64)
+
+def np_conv2d_nchw(x, w, stride: int, pad: int):
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    n, c, h, wd = xp.shape
+    o, _, kh, kw = w.shape
+    oh, ow = (h - kh) // stride + 1, (wd - kw) // stride + 1
+    out = np.zeros((n, o, oh, ow))
+    for ry in range(kh):
+        for rx in range(kw):
+            patch = xp[:, :, ry:ry + stride * oh:stride, rx:rx + stride * ow:stride]
+            out += np.einsum("nchw,oc->nohw", patch, w[:, :, ry, rx])
+    return out
+
+
+def np_depthwise_conv2d(x, w, stride: int, pad: int):
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    n, c, h, wd = xp.shape
+    _, _, kh, kw = w.shape
+    oh, ow = (h - kh) // stride + 1, (wd - kw) // stride + 1
+    out = np.zeros((n, c, oh, ow))
+    for ry in range(kh):
+        for rx in range(kw):
+            patch = xp[:, :, ry:ry + stride * oh:stride, rx:rx + stride * ow:stride]
+            out += patch * w[None, :, 0, ry, rx, None, None]
+    return out
+
+
+def np_max_pool2d(x, k: int, stride: int, pad: int):
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)), constant_values=-np.inf)
+    n, c, h, w = xp.shape
+    oh, ow = (h - k) // stride + 1, (w - k) // stride + 1
+    out = np.full((n, c, oh, ow), -np.inf)
+    for ry in range(k):
+        for rx in range(k):
+            out = np.maximum(out, xp[:, :, ry:ry + stride * oh:stride, rx:rx + stride * ow:stride])
+    return out
+
+
+def np_softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def np_layer_norm(x, gamma, beta, eps=1e-5):
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * gamma + beta
+
+
+# ---------------------------------------------------------------------------------------------
+# operators
+
+@dataclass(frozen=True)
+class Operator:
+    name: str
+    make: Callable[[], list]           # -> [inputs..., output] tensors, fresh each call
+    reference: Callable[..., np.ndarray]
+
+    def task(self) -> ansor.Task:
+        return ansor.Task(self.make())
+
+
+def _matmul():
+    A = te.placeholder((16, 24), name="A")
+    B = te.placeholder((24, 20), name="B")
+    return [A, B, te.ops.matmul(A, B)]
+
+
+def _matmul_bias_relu():
+    A = te.placeholder((16, 24), name="A")
+    B = te.placeholder((24, 20), name="B")
+    bias = te.placeholder((20,), name="bias")
+    mm = te.ops.matmul(A, B)
+    return [A, B, bias, te.ops.relu(te.ops.bias_add(mm, bias, axis=1))]
+
+
+def _batch_matmul():
+    A = te.placeholder((2, 8, 12), name="A")
+    B = te.placeholder((2, 12, 10), name="B")
+    return [A, B, te.ops.batch_matmul(A, B)]
+
+
+def _conv2d(stride: int):
+    def make():
+        x = te.placeholder((1, 3, 10, 10), name="data")
+        w = te.placeholder((4, 3, 3, 3), name="weight")
+        return [x, w, te.ops.conv2d(x, w, stride=stride, padding=1)]
+    return make
+
+
+def _depthwise_conv2d():
+    x = te.placeholder((1, 4, 9, 9), name="data")
+    w = te.placeholder((4, 1, 3, 3), name="weight")
+    return [x, w, te.ops.depthwise_conv2d(x, w, stride=1, padding=1)]
+
+
+def _softmax():
+    X = te.placeholder((6, 20), name="X")
+    return [X, te.ops.softmax(X)]
+
+
+def _layer_norm():
+    X = te.placeholder((6, 20), name="X")
+    g = te.placeholder((20,), name="gamma")
+    b = te.placeholder((20,), name="beta")
+    return [X, g, b, te.ops.layer_norm(X, g, b)]
+
+
+def _norm2():
+    X = te.placeholder((6, 20), name="X")
+    return [X, te.ops.norm2(X)]
+
+
+def _max_pool2d():
+    x = te.placeholder((1, 3, 9, 9), name="data")
+    return [x, te.ops.max_pool2d(x, 3, stride=2, padding=1)]
+
+
+def _elementwise_chain():
+    """Four elementwise stages declared directly (a candidate for inlining everything)."""
+    x = te.placeholder((8, 12), name="x")
+    y = te.placeholder((8, 12), name="y")
+    s = te.compute((8, 12), lambda i, j: x[i, j] + y[i, j], name="sum_xy")
+    h = te.compute((8, 12), lambda i, j: s[i, j] * 0.5 - y[i, j], name="half")
+    e = te.compute((8, 12), lambda i, j: te.exp(h[i, j]), name="expo")
+    return [x, y, te.compute((8, 12), lambda i, j: te.maximum(e[i, j] - 1.0, h[i, j]), name="out")]
+
+
+def _np_chain(x, y):
+    h = (x + y) * 0.5 - y
+    return np.maximum(np.exp(h) - 1.0, h)
+
+
+OPERATORS: dict[str, Operator] = {op.name: op for op in [
+    Operator("matmul", _matmul, lambda a, b: a @ b),
+    Operator("matmul_bias_relu", _matmul_bias_relu, lambda a, b, c: np.maximum(a @ b + c, 0.0)),
+    Operator("batch_matmul", _batch_matmul, lambda a, b: a @ b),
+    Operator("conv2d_s1", _conv2d(1), lambda x, w: np_conv2d_nchw(x, w, 1, 1)),
+    Operator("conv2d_s2", _conv2d(2), lambda x, w: np_conv2d_nchw(x, w, 2, 1)),
+    Operator("depthwise_conv2d", _depthwise_conv2d, lambda x, w: np_depthwise_conv2d(x, w, 1, 1)),
+    Operator("softmax", _softmax, np_softmax),
+    Operator("layer_norm", _layer_norm, np_layer_norm),
+    Operator("norm2", _norm2, lambda x: np.sqrt(np.sum(x * x)).reshape(1)),
+    Operator("max_pool2d", _max_pool2d, lambda x: np_max_pool2d(x, 3, 2, 1)),
+    Operator("elementwise_chain", _elementwise_chain, _np_chain),
+]}
