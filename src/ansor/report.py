@@ -9,7 +9,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-console = Console(stderr=False)
+import sys
+
+console = Console(width=None if sys.stdout.isatty() else 110)
 
 
 class TuneProgress:

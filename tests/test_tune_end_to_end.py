@@ -1,0 +1,189 @@
+"""The whole flow: declare, tune, build, call; faults and bad input along the way."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ansor
+from ansor import te
+from ansor.database import Database, DatabaseError
+from ansor.measure import Builder, MeasureErrorNo
+from ansor.search.basic import RandomSearchPolicy
+
+
+def matmul_task(M=32, N=24, K=16):
+    A = te.placeholder((M, K), "float32", name="A")
+    B = te.placeholder((K, N), "float32", name="B")
+    k = te.reduce_axis(K, name="k")
+    C = te.compute((M, N), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    return ansor.Task([A, B, C])
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ANSOR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ANSOR_DB", str(tmp_path / "default.db"))
+
+
+def test_design_example_runs_as_written(tmp_path):
+    task = matmul_task(64, 48, 32)
+    db = str(tmp_path / "ansor.db")
+    result = ansor.tune(task, trials=8, database=db, seed=0, progress=False)
+    assert result.trials == 8
+    assert result.best_cost < float("inf") and result.best_gflops > 0
+    assert [t for t, _ in result.curve] == list(range(1, 9))
+    kernel = ansor.build(task, database=db)
+    a = np.random.rand(64, 32).astype("float32")
+    b = np.random.rand(32, 48).astype("float32")
+    np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    assert "void" in kernel.source and "#pragma omp" in kernel.source
+    assert "C[" in kernel.schedule
+    assert kernel.record is not None and kernel.record.ok
+
+
+def test_build_without_records_uses_default_schedule(tmp_path):
+    task = matmul_task()
+    kernel = ansor.build(task, database=str(tmp_path / "empty.db"))
+    a = np.random.rand(32, 16).astype("float32")
+    b = np.random.rand(16, 24).astype("float32")
+    np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    assert kernel.record is None
+
+
+def test_resumed_run_does_not_remeasure(tmp_path):
+    task = matmul_task()
+    db_path = str(tmp_path / "r.db")
+    ansor.tune(task, trials=6, database=db_path, seed=1, progress=False)
+    ansor.tune(task, trials=6, database=db_path, seed=1, progress=False)
+    with Database(db_path) as db:
+        recs = db.records(task.workload_key, task.target.key)
+    assert len(recs) == 12
+    assert len({r.state_key for r in recs}) == 12
+
+
+def test_out_argument_and_multiple_calls(tmp_path):
+    task = matmul_task()
+    kernel = ansor.build(task, database=str(tmp_path / "x.db"))
+    a = np.random.rand(32, 16).astype("float32")
+    b = np.random.rand(16, 24).astype("float32")
+    out = np.empty((32, 24), "float32")
+    res = kernel(a, b, out=out)
+    assert res is out
+    np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("args, exc, words", [
+    (lambda a, b: (a,), TypeError, "takes 2 inputs"),
+    (lambda a, b: (a, b, b), TypeError, "takes 2 inputs"),
+    (lambda a, b: (a.astype("float64"), b), TypeError, "'A'"),
+    (lambda a, b: (a, b[:8]), ValueError, "'B'"),
+    (lambda a, b: (a.tolist(), b), TypeError, "numpy array"),
+])
+def test_kernel_rejects_bad_arguments(tmp_path, args, exc, words):
+    task = matmul_task()
+    kernel = ansor.build(task, database=str(tmp_path / "x.db"))
+    a = np.random.rand(32, 16).astype("float32")
+    b = np.random.rand(16, 24).astype("float32")
+    with pytest.raises(exc, match=words):
+        kernel(*args(a, b))
+
+
+def test_corrupt_or_foreign_database_is_a_clear_error(tmp_path):
+    import sqlite3
+
+    corrupt = tmp_path / "corrupt.db"
+    corrupt.write_bytes(b"definitely not sqlite" * 100)
+    with pytest.raises(DatabaseError):
+        ansor.tune(matmul_task(), trials=1, database=str(corrupt), progress=False)
+    foreign = tmp_path / "foreign.db"
+    con = sqlite3.connect(foreign)
+    con.execute("create table songs (title text)")
+    con.commit()
+    con.close()
+    with pytest.raises(DatabaseError):
+        ansor.build(matmul_task(), database=str(foreign))
+
+
+SEGFAULT_C = """
+void kernel(const float* A, const float* B, float* C) { volatile float* p = 0; *p = 1.0f; }
+"""
+HANG_C = """
+void kernel(const float* A, const float* B, float* C) { volatile int x = 1; while (x) {} }
+"""
+WRONG_C = """
+void kernel(const float* A, const float* B, float* C) {
+  for (int i = 0; i < 32 * 24; ++i) C[i] = 1.0f;
+}
+"""
+BROKEN_C = "void kernel( {"
+
+
+def test_faults_become_error_records_and_tuning_finishes(tmp_path, monkeypatch):
+    """A kernel that segfaults, hangs, computes a wrong answer or does not compile is a record
+    with an error code; the job goes on and the database holds every record."""
+    import ansor.measurer as measurer_mod
+
+    real = measurer_mod.generate_source
+    faults = {1: SEGFAULT_C, 2: HANG_C, 3: WRONG_C, 4: BROKEN_C}
+    calls = {"n": 0}
+
+    def faulty_source(state, target, name="kernel"):
+        calls["n"] += 1
+        if calls["n"] in faults:
+            return faults[calls["n"]], "kernel"
+        return real(state, target, name)
+
+    monkeypatch.setattr(measurer_mod, "generate_source", faulty_source)
+    task = matmul_task()
+    db_path = str(tmp_path / "faults.db")
+    result = ansor.tune(task, trials=7, database=db_path, seed=3, timeout=2.0, progress=False,
+                        measures_per_round=7)
+    assert result.trials == 7
+    assert result.errors == 4
+    with Database(db_path) as db:
+        recs = db.records(task.workload_key, task.target.key)
+    codes = [r.error_no for r in recs]
+    assert codes[:4] == [MeasureErrorNo.RUNTIME_DEVICE, MeasureErrorNo.RUN_TIMEOUT,
+                         MeasureErrorNo.WRONG_ANSWER, MeasureErrorNo.COMPILE_HOST]
+    assert codes[4:] == [0, 0, 0]
+    assert "SIGSEGV" in recs[0].error_msg
+    # a wrong kernel is never the best
+    best = ansor.build(task, database=db_path)
+    assert best.record.error_no == 0
+
+
+def test_unlowerable_program_is_an_instantiation_error(tmp_path, monkeypatch):
+    import ansor.measurer as measurer_mod
+
+    def broken(state, target, name="kernel"):
+        raise ansor.ScheduleError("stage 'C': cannot lower this program")
+
+    monkeypatch.setattr(measurer_mod, "generate_source", broken)
+    task = matmul_task()
+    result = ansor.tune(task, trials=2, database=str(tmp_path / "i.db"), seed=0, progress=False)
+    assert result.errors == 2
+    with Database(str(tmp_path / "i.db")) as db:
+        assert {r.error_no for r in db.records()} == {MeasureErrorNo.INSTANTIATION_ERROR}
+
+
+def test_custom_policy_object_is_accepted(tmp_path):
+    task = matmul_task()
+    policy = RandomSearchPolicy(task, seed=5)
+    res = ansor.tune(task, trials=3, database=str(tmp_path / "p.db"), policy=policy, progress=False)
+    assert res.trials == 3
+
+
+def test_misdeclared_compute_is_rejected_at_declaration():
+    A = te.placeholder((4, 5), name="A")
+    with pytest.raises(IndexError, match="'A'.*dimension 1"):
+        te.compute((4, 6), lambda i, j: A[i, j])
+    with pytest.raises(IndexError, match="'A' has 2 dimensions"):
+        te.compute((4,), lambda i: A[i])
+    k = te.reduce_axis(5, name="k")
+    with pytest.raises(ValueError, match="whole body"):
+        te.compute((4,), lambda i: te.sum(A[i, k], axis=k) + 1.0)
+    with pytest.raises(TypeError, match="dtype"):
+        te.placeholder((3,), "complex64")
+    with pytest.raises(ValueError, match="dimension 0"):
+        te.placeholder((0, 3))
