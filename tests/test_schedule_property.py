@@ -12,6 +12,7 @@ to JSON text and replayed, must give the same key and the same C source.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -23,7 +24,10 @@ from ansor.lower.lower import lower
 from ansor.schedule import steps_from_json
 from helpers import KNOWN_BUGS, OPERATORS, run_and_check
 
-EXAMPLES_PER_OPERATOR = 20  # 11 operators -> 220 programs
+# 11 operators x 20 = 220 programs in CI; ANSOR_PROPERTY_EXAMPLES=500 for a deeper run and
+# ANSOR_PROPERTY_RANDOM=1 to draw new programs instead of the reproducible CI set.
+EXAMPLES_PER_OPERATOR = int(os.environ.get("ANSOR_PROPERTY_EXAMPLES", "20"))
+DERANDOMIZE = os.environ.get("ANSOR_PROPERTY_RANDOM", "") in ("", "0")
 MAX_STEPS = 10
 UNROLL_STEPS = (0, 4, 16, 64, 512)
 
@@ -195,8 +199,8 @@ ACTIONS = {
 }
 if not KNOWN_BUGS["rfactor_unpack"]:
     ACTIONS["rfactor"] = do_rfactor
-# a split-heavy mix: splits create the iterators the other steps work on
-ACTION_CHOICES = ["split", "split"] + list(ACTIONS)
+# weighted: splits create the iterators other steps act on; placements are where bugs hide
+ACTION_CHOICES = ["split", "split", "compute_at", "cache_write"] + list(ACTIONS)
 
 
 
@@ -219,7 +223,7 @@ def random_program(data, task: ansor.Task) -> ansor.State:
 
 
 @pytest.mark.parametrize("op_name", sorted(OPERATORS))
-@settings(max_examples=EXAMPLES_PER_OPERATOR, deadline=None, derandomize=True, database=None,
+@settings(max_examples=EXAMPLES_PER_OPERATOR, deadline=None, derandomize=DERANDOMIZE, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_random_schedule_matches_numpy(op_name, data, builder):

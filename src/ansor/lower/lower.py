@@ -51,7 +51,6 @@ class _Lowerer:
         self.by_tensor = {id(s.tensor): i for i, s in enumerate(state.stages)}
         self.info: dict[int, _StageLowering] = {}
         self.ranges: dict[int, tuple[int, int]] = {}  # id(loop var) -> (0, extent - 1)
-        self.inline_cache: dict[int, E.Expr] = {}
 
     # --- entry ------------------------------------------------------------------------------
     def run(self) -> ir.PrimFunc:
@@ -127,26 +126,7 @@ class _Lowerer:
             L.axis_values[id(a)] = simplify(values[a.name] + a.lo if a.lo else values[a.name], self.ranges)
         L.guards = [g for g in (simplify(g, self.ranges) for g in guards)
                     if not (isinstance(g, E.Const) and g.value)]
-        L.body = self._effective_body(op)
-
-    def _effective_body(self, op: ComputeOp) -> E.Expr:
-        """The body with inlined producers substituted in."""
-
-        def expand(node: E.Expr):
-            if isinstance(node, E.TensorRead):
-                p = self.state.stages[self.by_tensor[id(node.tensor)]]
-                if p.attach == "inline":
-                    inner = self._inlined_body(p)
-                    return E.substitute(inner, dict(zip(p.op.axes, node.indices)))
-            return None
-
-        return E.transform(op.body, expand)
-
-    def _inlined_body(self, p: Stage) -> E.Expr:
-        key = id(p.tensor)
-        if key not in self.inline_cache:
-            self.inline_cache[key] = self._effective_body(p.op)
-        return self.inline_cache[key]
+        L.body = st.effective_body(sid)
 
     def _infer_region(self, sid: int, path: list[E.Var]) -> tuple[list[E.Expr], list[int]]:
         """Region of stage `sid` read by its consumers during one iteration at the attach point."""

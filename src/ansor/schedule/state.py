@@ -179,6 +179,20 @@ class State:
                 out.append(c)
         return out
 
+    def effective_body(self, stage_id: int) -> E.Expr:
+        """The stage's body with inlined producers substituted in (what it really computes)."""
+        by_tensor = {id(s.tensor): s for s in self.stages}
+
+        def expand(node: E.Expr):
+            if isinstance(node, E.TensorRead):
+                p = by_tensor.get(id(node.tensor))
+                if p is not None and p.attach == "inline":
+                    inner = self.effective_body(self.stages.index(p))
+                    return E.substitute(inner, dict(zip(p.op.axes, node.indices)))
+            return None
+
+        return E.transform(self.stages[stage_id].op.body, expand)
+
     def attached_to(self, stage_name: str, iter_name: str | None = None) -> list[int]:
         return [i for i, s in enumerate(self.stages)
                 if isinstance(s.attach, tuple) and s.attach[0] == stage_name
@@ -503,7 +517,7 @@ class State:
                 v = E.IterVar(leaf.name.replace(".", "_") + "_r", leaf.extent, "reduce")
                 leaf_vars[leaf.name] = v
                 rest.append(v)
-        values, guards = leaf_expressions(st, leaf_vars, {i.name: i.extent for i in st.root_iters})
+        values, guards, _ = leaf_expressions(st, leaf_vars, {i.name: i.extent for i in st.root_iters})
         red = op.body
         mapping: dict = dict(zip(op.axes, rf_spatial))
         for ax in red.axes:

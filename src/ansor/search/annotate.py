@@ -34,3 +34,144 @@ def factorizations(extent: int, n: int, max_innermost: int) -> tuple[tuple[int, 
 def sample_factors(extent: int, n: int, rng: random.Random, max_innermost: int = 64) -> tuple[int, ...]:
     """A uniformly drawn perfect tiling of `extent` into n inner lengths."""
     return rng.choice(factorizations(extent, n, max_innermost))
+
+
+# ---------------------------------------------------------------------------------------------
+# random annotation of a sketch into a complete program (CPU init rules, in Ansor's order:
+# fill tile sizes, change compute locations, parallel, unroll, vectorize)
+
+from dataclasses import replace as _replace  # noqa: E402
+
+from ansor.schedule.state import ScheduleError, State  # noqa: E402
+from ansor.schedule.steps import SplitStep  # noqa: E402
+
+
+def fill_tile_sizes(dag, steps: list, rng: random.Random, max_innermost: int) -> State:
+    """Replay a sketch's steps with every undecided split length sampled."""
+    filled = []
+    for step in steps:
+        if isinstance(step, SplitStep) and any(n is None for n in step.lengths):
+            lengths = sample_factors(step.extent, len(step.lengths), rng, max_innermost)
+            step = _replace(step, lengths=lengths)
+        filled.append(step)
+    return State.replay(dag, filled)
+
+
+def compute_location_candidates(state: State, sid: int) -> list[tuple[int, int]]:
+    """(stage, iterator) pairs where a stage may be computed: loops of its single consumer,
+    from outer to inner, stopping at reduce or unrolled loops and after an attach point."""
+    consumers = state.consumers(sid)
+    if len(consumers) != 1:
+        return []
+    c = consumers[0]
+    target = state.stages[c]
+    out: list[tuple[int, int]] = []
+    for i, it in enumerate(target.iters):
+        if it.kind == "reduce" or it.annotation in ("unroll", "vectorize"):
+            break
+        if it.extent == 1:
+            continue
+        out.append((c, i))
+        if state.attached_to(target.name, it.name):
+            break
+    if isinstance(target.attach, tuple):
+        x = state.stage_id(target.attach[0])
+        xst = state.stages[x]
+        for i, it in enumerate(xst.iters):
+            if it.kind == "reduce" or it.annotation in ("unroll", "vectorize"):
+                break
+            if it.extent != 1:
+                out.append((x, i))
+            if it.name == target.attach[1]:
+                break
+    return out
+
+
+def change_compute_locations(state: State, rng: random.Random) -> None:
+    for sid in reversed(range(len(state.stages))):
+        st = state.stages[sid]
+        if st.is_placeholder or st.attach == "inline" or state.is_output(sid) or not st.is_fresh:
+            continue
+        if state.infos[sid].needs_multi_level_tiling or st.origin:
+            continue
+        cands = compute_location_candidates(state, sid)
+        choice = rng.randrange(len(cands) + 2)
+        if choice == 0:
+            if not st.op.reduce_axes and not state.attached_to(st.name):
+                state.compute_inline(sid)
+        elif choice == 1:
+            if st.attach != "root":
+                state.compute_root(sid)
+        else:
+            target, it = cands[choice - 2]
+            state.compute_at(sid, target, it)
+
+
+def annotate_parallel(state: State, rng: random.Random, max_degree: int) -> None:
+    """Fuse a sampled number of outer spatial loops of each root stage and run them in
+    parallel (at most up to where the degree first exceeds max_degree)."""
+    for sid, st in enumerate(state.stages):
+        if st.is_placeholder or st.attach != "root":
+            continue
+        n, degree = 0, 1
+        for it in st.iters:
+            if it.kind != "spatial" or it.annotation != "none":
+                break
+            n += 1
+            degree *= it.extent
+            if degree > max_degree or state.attached_to(st.name, it.name):
+                break
+        if n == 0:
+            continue
+        k = rng.randint(1, n)
+        state.fuse(sid, list(range(k)))
+        state.parallel(sid, 0)
+
+
+def annotate_unroll(state: State, rng: random.Random, choices) -> None:
+    for sid, st in enumerate(state.stages):
+        if st.is_placeholder or st.attach == "inline" or not st.op.reduce_axes or not st.iters:
+            continue
+        state.pragma(sid, 0, f"auto_unroll_max_step${rng.choice(choices)}")
+
+
+def annotate_vectorize(state: State, rng: random.Random, max_size: int) -> None:
+    for sid, st in enumerate(state.stages):
+        if st.is_placeholder or st.attach == "inline" or not st.iters:
+            continue
+        tiled = not st.is_fresh
+        n, prod = 0, 1
+        while n < len(st.iters):
+            it = st.iters[len(st.iters) - 1 - n]
+            if state.attached_to(st.name, it.name) or it.kind != "spatial" or it.annotation != "none":
+                break
+            if tiled and n:
+                break
+            prod *= it.extent
+            if prod > max_size:
+                break
+            n += 1
+        if n == 0:
+            continue
+        if n > 1:
+            n = 1 + rng.randrange(n - 1)
+        last = len(st.iters) - 1
+        if n > 1:
+            state.fuse(sid, list(range(last - n + 1, last + 1)))
+            last = len(state.stages[sid].iters) - 1
+        if state.stages[sid].iters[last].extent > 1:
+            state.vectorize(sid, last)
+
+
+def annotate(sketch_steps: list, dag, rng: random.Random, params: dict, num_cores: int) -> State | None:
+    """One complete program from a sketch, or None if the sample turned out illegal."""
+    try:
+        s = fill_tile_sizes(dag, sketch_steps, rng, params["max_innermost_split_factor"])
+        if not params["disable_change_compute_location"]:
+            change_compute_locations(s, rng)
+        annotate_parallel(s, rng, params["parallel_degree_per_core"] * max(1, num_cores))
+        annotate_unroll(s, rng, params["auto_unroll_max_step_choices"])
+        annotate_vectorize(s, rng, params["max_vectorize_size"])
+    except ScheduleError:
+        return None
+    return s

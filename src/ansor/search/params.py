@@ -1,0 +1,36 @@
+"""Every search parameter with its default, in one table (after Ansor's SketchPolicy)."""
+
+from __future__ import annotations
+
+SEARCH_DEFAULTS: dict[str, object] = {
+    # sketch generation
+    "cpu_multi_level_tiling_structure": "SSRSRS",
+    "cpu_fusion_levels": (1, 2),
+    # random annotation
+    "max_innermost_split_factor": 64,     # innermost tile length bound
+    "max_vectorize_size": 16,             # elements in a vectorized loop
+    "auto_unroll_max_step_choices": (0, 16, 64, 512),
+    "parallel_degree_per_core": 16,       # stop fusing outer loops beyond 16 x cores
+    "disable_change_compute_location": False,
+    # sampling
+    "sample_init_min_population": 50,
+    "max_sample_tries": 8,                # draws per requested program before giving up
+    # evolutionary search
+    "evolutionary_search_population": 2048,
+    "evolutionary_search_num_iters": 4,
+    "evolutionary_search_mutation_prob": 0.85,
+    "crossover_prob": 0.05,
+    "sample_init_use_measured_ratio": 0.2,
+    "eps_greedy": 0.05,
+    "mutation_weights": {"tile_size": 0.90, "auto_unroll": 0.04, "compute_location": 0.05, "parallel": 0.01},
+}
+
+
+def search_params(overrides: dict | None = None) -> dict:
+    """The defaults with `overrides` applied; unknown keys are an error (typos must not pass)."""
+    params = dict(SEARCH_DEFAULTS)
+    for key, value in (overrides or {}).items():
+        if key not in params:
+            raise KeyError(f"unknown search parameter {key!r}; known: {', '.join(sorted(params))}")
+        params[key] = value
+    return params

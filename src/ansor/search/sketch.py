@@ -1,0 +1,316 @@
+"""Sketch generation: derivation rules applied to the stages from output to input.
+
+A rule is a condition plus an action. The condition says SKIP, APPLY (apply, and let later
+rules also try this stage on the unmodified state) or APPLY_AND_SKIP_REST. Applying returns
+new (state, next stage id) work items. Enumeration ends when every item has walked past the
+first stage; the finished states are the sketches: high-level structures whose split lengths
+are still undecided (None) until random annotation fills them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Callable, Sequence
+
+from ansor.schedule.state import State
+from ansor.te import expr as E
+from ansor.target import Target
+
+
+class Cond(Enum):
+    SKIP = 0
+    APPLY = 1
+    APPLY_AND_SKIP_REST = 2
+
+
+@dataclass
+class Sketch:
+    """A high-level program structure plus the rules that derived it."""
+
+    state: State
+    history: list[str] = field(default_factory=list)
+
+    @property
+    def steps(self) -> list:
+        return self.state.steps
+
+
+@dataclass(frozen=True)
+class SketchRule:
+    """condition(policy_ctx, state, stage_id) -> Cond; apply(...) -> [(state, next_stage_id)]."""
+
+    name: str
+    condition: Callable[["SketchContext", State, int], Cond]
+    apply: Callable[["SketchContext", State, int], list[tuple[State, int]]]
+
+
+@dataclass
+class SketchContext:
+    target: Target
+    tiling_structure: str = "SSRSRS"
+    fusion_levels: tuple[int, ...] = (1, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# analysis helpers
+
+def has_reduce(state: State, sid: int) -> bool:
+    return bool(state.stages[sid].op.reduce_axes) if not state.stages[sid].is_placeholder else False
+
+
+def needs_multi_level_tiling(state: State, sid: int) -> bool:
+    return state.infos[sid].needs_multi_level_tiling
+
+
+def is_strictly_inlineable(state: State, sid: int) -> bool:
+    return state.infos[sid].strictly_inlineable
+
+
+def elementwise_matched_consumer(state: State, sid: int) -> int | None:
+    """The single consumer that reads this stage exactly at its own axes, if any."""
+    consumers = state.consumers(sid)
+    if len(consumers) != 1:
+        return None
+    c = consumers[0]
+    producer, consumer = state.stages[sid], state.stages[c]
+    if consumer.is_placeholder or tuple(consumer.op.shape) != tuple(producer.op.shape):
+        return None
+    if has_reduce(state, sid) and has_reduce(state, c):
+        return None
+    if consumer.scope == "shared":
+        return None
+    body = state.effective_body(c)
+    reads = [n for n in E.walk(body) if isinstance(n, E.TensorRead) and n.tensor is producer.tensor]
+    if not reads:
+        return None
+    for r in reads:
+        if len(r.indices) != len(consumer.op.axes):
+            return None
+        if any(idx is not ax for idx, ax in zip(r.indices, consumer.op.axes)):
+            return None
+    return c
+
+
+def space_and_reduce_lengths(state: State, sid: int) -> tuple[int, int]:
+    op = state.stages[sid].op
+    return math.prod(a.extent for a in op.axes), math.prod(a.extent for a in op.reduce_axes)
+
+
+def needs_rfactor(ctx: SketchContext, state: State, sid: int) -> bool:
+    if not has_reduce(state, sid):
+        return False
+    space, red = space_and_reduce_lengths(state, sid)
+    cores = max(ctx.target.num_cores, 1)
+    if needs_multi_level_tiling(state, sid):
+        return space <= red and space <= 16 * cores
+    return red > cores
+
+
+# ---------------------------------------------------------------------------------------------
+# actions
+
+def multi_level_tile(state: State, sid: int, structure: str) -> list[int]:
+    """Split spatial iterators into #S pieces and reduce iterators into #R pieces (lengths
+    undecided), then order the pieces level by level. Returns the spatial split step ids."""
+    st = state.stages[sid]
+    n_s, n_r = structure.count("S"), structure.count("R")
+    space_levels: list[list[str]] = [[] for _ in range(n_s)]
+    reduce_levels: list[list[str]] = [[] for _ in range(n_r)]
+    split_ids = []
+    for it in list(st.iters):
+        levels, n = (space_levels, n_s) if it.kind == "spatial" else (reduce_levels, n_r)
+        if n == 1:
+            levels[0].append(it.name)
+            continue
+        if it.kind == "spatial":
+            split_ids.append(len(state.steps))
+        pieces = state.split(sid, it.name, [None] * (n - 1))
+        for lv, p in enumerate(pieces):
+            levels[lv].append(p.name)
+    order: list[str] = []
+    si = ri = 0
+    for ch in structure:
+        if ch == "S":
+            order += space_levels[si]
+            si += 1
+        else:
+            order += reduce_levels[ri]
+            ri += 1
+    state.reorder(sid, order)
+    return split_ids
+
+
+def follow_tiling(state: State, consumer: int, split_ids: Sequence[int], n_split: int) -> None:
+    """Tile a consumer's spatial loops like the producer's first n_split levels."""
+    st = state.stages[consumer]
+    spatial = [it for it in st.iters if it.kind == "spatial"]
+    levels: list[list[str]] = [[] for _ in range(n_split + 1)]
+    for it, src in zip(spatial, split_ids):
+        pieces = state.follow_split(consumer, it.name, src, n_split)
+        for lv, p in enumerate(pieces):
+            levels[lv].append(p.name)
+    order = [name for level in levels for name in level]
+    rest = [it.name for it in state.stages[consumer].iters if it.name not in set(order)]
+    state.reorder(consumer, order + rest)
+
+
+# ---------------------------------------------------------------------------------------------
+# the rules
+
+def _always_inline_cond(ctx, state: State, sid: int) -> Cond:
+    st = state.stages[sid]
+    if st.is_placeholder or state.is_output(sid) or has_reduce(state, sid):
+        return Cond.SKIP
+    if st.attach != "root" or state.attached_to(st.name):
+        return Cond.SKIP
+    return Cond.APPLY_AND_SKIP_REST if is_strictly_inlineable(state, sid) else Cond.SKIP
+
+
+def _always_inline(ctx, state: State, sid: int):
+    s = state.copy()
+    s.compute_inline(sid)
+    return [(s, sid - 1)]
+
+
+def _rfactor_cond(ctx, state: State, sid: int) -> Cond:
+    st = state.stages[sid]
+    if st.is_placeholder or st.origin == "cache_write" or st.origin == "rfactor":
+        return Cond.SKIP
+    return Cond.APPLY if needs_rfactor(ctx, state, sid) else Cond.SKIP
+
+
+def _rfactor(ctx, state: State, sid: int):
+    base = state.copy()
+    st = base.stages[sid]
+    reduce_ids = [i for i, it in enumerate(st.iters) if it.kind == "reduce"]
+    n_space = len(st.iters) - len(reduce_ids)
+    fused = base.fuse(sid, reduce_ids)
+    # a placeholder length: annotation re-samples it (the step is marked undecided below)
+    base.split(sid, fused.name, [1])
+    split_step = len(base.steps) - 1
+    out = []
+    for piece in (0, 1):
+        s = base.copy()
+        it_name = s.stages[sid].iters[n_space + piece].name
+        rf = s.rfactor(sid, it_name, n_space)
+        if piece == 1:
+            rf_stage = s.stages[rf]
+            order = list(range(len(rf_stage.iters)))
+            order.remove(n_space)
+            s.reorder(rf, order + [n_space])
+        _mark_undecided(s, split_step)
+        out.append((s, rf - 1))
+    return out
+
+
+def _mark_undecided(state: State, step_id: int) -> None:
+    from dataclasses import replace
+
+    step = state.steps[step_id]
+    state.steps[step_id] = replace(step, lengths=tuple(None for _ in step.lengths))
+
+
+def _cache_write_cond(ctx, state: State, sid: int) -> Cond:
+    st = state.stages[sid]
+    if st.is_placeholder or not needs_multi_level_tiling(state, sid) or st.origin:
+        return Cond.SKIP
+    if not has_reduce(state, sid):  # a cache for an elementwise stage only gets inlined again
+        return Cond.SKIP
+    if elementwise_matched_consumer(state, sid) is not None:
+        return Cond.SKIP
+    return Cond.APPLY
+
+
+def _cache_write(ctx, state: State, sid: int):
+    s = state.copy()
+    s.cache_write(sid, "local")
+    return [(s, sid)]
+
+
+def _tile_fusion_cond(ctx, state: State, sid: int) -> Cond:
+    st = state.stages[sid]
+    if st.is_placeholder or not needs_multi_level_tiling(state, sid) or not st.is_fresh:
+        return Cond.SKIP
+    if elementwise_matched_consumer(state, sid) is None:
+        return Cond.SKIP
+    return Cond.APPLY_AND_SKIP_REST if st.origin == "cache_write" else Cond.APPLY
+
+
+def _tile_fusion(ctx, state: State, sid: int):
+    out = []
+    consumer = elementwise_matched_consumer(state, sid)
+    for level in ctx.fusion_levels:
+        if ctx.tiling_structure[level - 1] != "S":
+            continue
+        s = state.copy()
+        split_ids = multi_level_tile(s, sid, ctx.tiling_structure)
+        follow_tiling(s, consumer, split_ids, level)
+        n_spatial = len(split_ids)
+        s.compute_at(sid, consumer, level * n_spatial - 1)
+        out.append((s, sid - 1))
+    return out
+
+
+def _tile_cond(ctx, state: State, sid: int) -> Cond:
+    st = state.stages[sid]
+    if st.is_placeholder or not needs_multi_level_tiling(state, sid) or not st.is_fresh:
+        return Cond.SKIP
+    return Cond.APPLY_AND_SKIP_REST
+
+
+def _tile(ctx, state: State, sid: int):
+    s = state.copy()
+    multi_level_tile(s, sid, ctx.tiling_structure)
+    return [(s, sid - 1)]
+
+
+def _skip_cond(ctx, state: State, sid: int) -> Cond:
+    return Cond.APPLY
+
+
+def _skip(ctx, state: State, sid: int):
+    return [(state, sid - 1)]
+
+
+CPU_RULES: tuple[SketchRule, ...] = (
+    SketchRule("always_inline", _always_inline_cond, _always_inline),
+    SketchRule("add_rfactor", _rfactor_cond, _rfactor),
+    SketchRule("add_cache_write", _cache_write_cond, _cache_write),
+    SketchRule("multi_level_tiling_with_fusion", _tile_fusion_cond, _tile_fusion),
+    SketchRule("multi_level_tiling", _tile_cond, _tile),
+    SketchRule("skip_stage", _skip_cond, _skip),
+)
+
+
+def generate_sketches(state: State, ctx: SketchContext, custom_rules: Sequence[SketchRule] = (),
+                      max_sketches: int = 64) -> list[Sketch]:
+    """Every terminal sketch, deduplicated by loop-nest key. Custom rules run before the
+    built-in ones, as Ansor allows."""
+    rules = list(custom_rules) + list(CPU_RULES)
+    work: list[tuple[State, int, list[str]]] = [(state.copy(), len(state.stages) - 1, [])]
+    done: dict[str, Sketch] = {}
+    while work:
+        next_work = []
+        for st, sid, hist in work:
+            if sid < 0:
+                key = st.key() + "\n" + repr([s.to_json() for s in st.steps])
+                done.setdefault(key, Sketch(st, hist))
+                continue
+            for rule in rules:
+                cond = rule.condition(ctx, st, sid)
+                if cond == Cond.SKIP:
+                    continue
+                name = st.stages[sid].name
+                results = rule.apply(ctx, st, sid)
+                for k, (new_state, next_sid) in enumerate(results):
+                    label = f"{rule.name}({name})" if len(results) == 1 else f"{rule.name}({name}, #{k + 1})"
+                    extra = [] if rule.name == "skip_stage" else [label]
+                    next_work.append((new_state, next_sid, hist + extra))
+                if cond == Cond.APPLY_AND_SKIP_REST:
+                    break
+        work = next_work
+        if len(done) + len(work) > max_sketches * 8:
+            break
+    return list(done.values())[:max_sketches]
