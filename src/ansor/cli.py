@@ -65,6 +65,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("workloads", help="list the named workloads and the meaning of --shape")
 
+    sk = sub.add_parser("sketches", help="print every sketch (high-level structure) of a workload",
+                        description="Derive the sketches of a workload and print each as a loop nest "
+                                    "with the rules that produced it ('?' marks undecided tile sizes).")
+    _workload_args(sk)
+    sa = sub.add_parser("sample", help="print randomly annotated complete programs and their C")
+    _workload_args(sa)
+    sa.add_argument("-n", type=int, default=3, help="how many programs (default 3)")
+    sa.add_argument("--seed", type=int, default=0)
+    sa.add_argument("--no-source", action="store_true", help="loop nests only, no C")
+
     exp = sub.add_parser("export", help="write records as JSON lines")
     exp.add_argument("path")
     exp.add_argument("--database")
@@ -72,6 +82,22 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("path")
     imp.add_argument("--database")
     return parser
+
+
+def _workload_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("workload", help="a workload name (see `ansor workloads`)")
+    p.add_argument("--shape", type=_shape, help="the workload's dimensions")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    for opt in ("stride", "padding", "dilation", "groups"):
+        p.add_argument(f"--{opt}", type=int, default=None)
+
+
+def _task_from_args(args):
+    import ansor
+    from ansor.workloads import make_task_tensors
+
+    opts = {k: getattr(args, k) for k in ("stride", "padding", "dilation", "groups")}
+    return ansor.Task(make_task_tensors(args.workload, args.shape, args.dtype, **opts), name=args.workload)
 
 
 def _version() -> str:
@@ -87,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return {"tune": cmd_tune, "show": cmd_show, "workloads": cmd_workloads,
-                "export": cmd_export, "import": cmd_import}[args.command](args)
+        return {"tune": cmd_tune, "show": cmd_show, "workloads": cmd_workloads, "sketches": cmd_sketches,
+                "sample": cmd_sample, "export": cmd_export, "import": cmd_import}[args.command](args)
     except (KeyError, ValueError, TypeError) as exc:
         from ansor.database import DatabaseError  # noqa: F401 - a ValueError subclass or not
 
@@ -118,6 +144,43 @@ def cmd_workloads(args) -> int:
         opts = ", ".join(f"--{k} {v}" for k, v in w.options.items())
         table.add_row(w.name, w.shape_help, ",".join(map(str, w.default_shape)), opts)
     console.print(table)
+    return 0
+
+
+def cmd_sketches(args) -> int:
+    import time
+
+    from ansor.report import console
+    from ansor.search.sketch_policy import SketchPolicy
+
+    task = _task_from_args(args)
+    t0 = time.perf_counter()
+    policy = SketchPolicy(task, seed=0)
+    ms = (time.perf_counter() - t0) * 1e3
+    console.print(f"[bold]{task.name}[/] {task.workload_key}: {len(policy.sketches)} sketches "
+                  f"(derived in {ms:.1f} ms)")
+    for i, sketch in enumerate(policy.sketches):
+        history = ", ".join(sketch.history) or "no rule changed the program"
+        console.print(f"\n[bold cyan]sketch #{i}[/]  rules: {history}")
+        console.print(str(sketch.state), markup=False, highlight=False)
+    return 0
+
+
+def cmd_sample(args) -> int:
+    from ansor.codegen import generate_source
+    from ansor.lower.lower import schedule_text
+    from ansor.report import console
+    from ansor.search.sketch_policy import SketchPolicy
+
+    task = _task_from_args(args)
+    policy = SketchPolicy(task, seed=args.seed)
+    for i, state in enumerate(policy.sample(args.n)):
+        console.print(f"\n[bold cyan]program #{i}[/] ({len(state.steps)} steps)")
+        console.print(schedule_text(state), markup=False, highlight=False)
+        if not args.no_source:
+            source, _ = generate_source(state, task.target, f"{task.name}_kernel")
+            body = source[source.index("\nvoid "):]
+            console.print(body, markup=False, highlight=False)
     return 0
 
 

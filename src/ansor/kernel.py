@@ -29,8 +29,10 @@ class Kernel:
 
     @property
     def schedule(self) -> str:
-        """The program's loop nest, readable."""
-        return str(self.state)
+        """The program's loop nest, readable, with the loop extents that run."""
+        from ansor.lower.lower import schedule_text
+
+        return schedule_text(self.state)
 
     def _check_inputs(self, inputs: Sequence) -> list[np.ndarray]:
         expected = self.task.inputs
@@ -91,7 +93,7 @@ def compile_state(task: Task, state: State, record: Record | None = None,
 
 
 def _entry_name(task: Task) -> str:
-    return task.name or "kernel"
+    return f"{task.name}_kernel" if task.name else "kernel"
 
 
 def build(task: Task, database: Database | str | None = None, state: State | None = None) -> Kernel:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ansor.lower import ir
 from ansor.schedule.relations import leaf_expressions
+from ansor.schedule.printer import state_to_str
 from ansor.schedule.state import ScheduleError, Stage, State
 from ansor.te import expr as E
 from ansor.te.arith import const_bounds, simplify, symbolic_bounds
@@ -42,6 +43,19 @@ def lower(state: State, name: str = "kernel") -> ir.PrimFunc:
         undecided = [f"{s.name}.{it.name}" for s in state.stages for it in s.iters if it.extent is None]
         raise ScheduleError(f"cannot lower: split lengths undecided for {', '.join(undecided[:4])}")
     return _Lowerer(state, name).run()
+
+
+def inferred_extents(state: State) -> dict[str, list[int]]:
+    """Loop extents of every stage after bound inference (for printing the loop nest)."""
+    low = _Lowerer(state, "kernel")
+    low.run()
+    return {L.stage.name: list(L.loop_extents) for L in low.info.values() if L.loop_extents}
+
+
+def schedule_text(state: State) -> str:
+    """The readable loop nest with the extents that really run."""
+    extents = inferred_extents(state) if state.concrete else None
+    return state_to_str(state, extents=extents)
 
 
 class _Lowerer:

@@ -8,7 +8,9 @@ from ansor.te.printer import expr_to_str
 _KEYWORD = {"none": "for", "unroll": "unroll", "vectorize": "vectorize", "parallel": "parallel"}
 
 
-def state_to_str(state, canonical: bool = False) -> str:
+def state_to_str(state, canonical: bool = False, extents: dict[str, list[int]] | None = None) -> str:
+    """The loop nest; `extents` (stage name -> loop extents from bound inference) replaces the
+    declared extents, which for a stage computed inside another are larger than what runs."""
     lines: list[str] = []
     placeholders = [s.name for s in state.stages if s.is_placeholder]
     if placeholders:
@@ -16,28 +18,34 @@ def state_to_str(state, canonical: bool = False) -> str:
     for sid, st in enumerate(state.stages):
         if st.is_placeholder or st.attach != "root":
             continue
-        _print_stage(state, sid, 0, lines, canonical)
+        _print_stage(state, sid, 0, lines, canonical, frozenset(), extents or {})
     return "\n".join(lines)
 
 
-def _print_stage(state, sid: int, indent: int, lines: list[str], canonical: bool) -> None:
+def _print_stage(state, sid: int, indent: int, lines: list[str], canonical: bool, outer: frozenset,
+                 extents: dict) -> None:
+    """Loops of one stage; a loop whose name an enclosing loop already uses gets the stage name
+    as a prefix, so nested stages read unambiguously."""
     st = state.stages[sid]
     pad = "  " * indent
     if st.auto_unroll_max_step:
         lines.append(f"{pad}# {st.name}: auto_unroll_max_step = {st.auto_unroll_max_step}")
-    for it in st.iters:
-        ext = "?" if it.extent is None else it.extent
+    inferred = extents.get(st.name)
+    for pos, it in enumerate(st.iters):
+        ext = "?" if it.extent is None else (inferred[pos] if inferred else it.extent)
         kw = _KEYWORD.get(it.annotation, f"bind({it.annotation})")
-        if canonical or it.extent != 1 or it.annotation != "none":
-            lines.append(f"{pad}{kw} {it.name} in range({ext}):")
+        if canonical or ext != 1 or it.annotation != "none":
+            name = f"{st.name}.{it.name}" if it.name in outer else it.name
+            lines.append(f"{pad}{kw} {name} in range({ext}):")
             indent += 1
             pad = "  " * indent
+        outer = outer | {it.name}
         for child in state.attached_to(st.name, it.name):
-            _print_stage(state, child, indent, lines, canonical)
-    lines.append(pad + _body_str(st, canonical))
+            _print_stage(state, child, indent, lines, canonical, outer, extents)
+    lines.append(pad + _body_str(st))
 
 
-def _body_str(st, canonical: bool) -> str:
+def _body_str(st) -> str:
     op = st.op
     scope = f" ({st.scope})" if st.scope != "global" else ""
     axes = ", ".join(a.name for a in op.axes)
@@ -48,7 +56,4 @@ def _body_str(st, canonical: bool) -> str:
         text = f"{st.name}[{axes}]{scope} {sym} {expr_to_str(body.source)}{where}"
     else:
         text = f"{st.name}[{axes}]{scope} = {expr_to_str(body)}"
-    if canonical:
-        # the inlined producers change what is computed, so the key lists them
-        return text
     return text
