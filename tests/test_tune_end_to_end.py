@@ -8,7 +8,7 @@ import pytest
 import ansor
 from ansor import te
 from ansor.database import Database, DatabaseError
-from ansor.measure import Builder, MeasureErrorNo
+from ansor.measure import MeasureErrorNo, TimingPolicy
 from ansor.search.basic import RandomSearchPolicy
 
 
@@ -137,13 +137,13 @@ def test_faults_become_error_records_and_tuning_finishes(tmp_path, monkeypatch):
     monkeypatch.setattr(measurer_mod, "generate_source", faulty_source)
     task = matmul_task()
     db_path = str(tmp_path / "faults.db")
-    result = ansor.tune(task, trials=7, database=db_path, seed=3, timeout=2.0, progress=False,
-                        measures_per_round=7)
+    result = ansor.tune(task, trials=7, database=db_path, seed=3, timeout=5.0, progress=False,
+                        measures_per_round=7, timing=TimingPolicy(min_repeat_ms=5.0))
     assert result.trials == 7
-    assert result.errors == 4
     with Database(db_path) as db:
         recs = db.records(task.workload_key, task.target.key)
     codes = [r.error_no for r in recs]
+    assert result.errors == 4, [(r.error_no, r.error_msg) for r in recs]
     assert codes[:4] == [MeasureErrorNo.RUNTIME_DEVICE, MeasureErrorNo.RUN_TIMEOUT,
                          MeasureErrorNo.WRONG_ANSWER, MeasureErrorNo.COMPILE_HOST]
     assert codes[4:] == [0, 0, 0]
