@@ -50,9 +50,10 @@ def flush_cpu_cache() -> None:
 
 
 def measure_costs(
-    kernel: KernelLibrary, buffers: Sequence[np.ndarray], policy: TimingPolicy
+    kernel: KernelLibrary, buffers: Sequence[np.ndarray], policy: TimingPolicy, warmed_up: bool = False
 ) -> tuple[float, ...]:
-    """Seconds per call, one value per repeat, following `policy`."""
+    """Seconds per call, one value per repeat, following `policy`; `warmed_up` says the caller
+    has just run the kernel (e.g. to check it), which then serves as the warm-up."""
     if policy.flush_cache:
         for _ in range(policy.warmup):
             flush_cpu_cache()
@@ -63,22 +64,28 @@ def measure_costs(
             costs.append(kernel.timed(buffers, 1))
         return tuple(costs)
 
-    for _ in range(policy.warmup):
+    for _ in range(policy.warmup if not warmed_up else 0):
         kernel(buffers)
-    number = choose_number(kernel, buffers, policy)
-    return tuple(kernel.timed(buffers, number) / number for _ in range(policy.repeat))
+    number, first = choose_number(kernel, buffers, policy)
+    costs = [] if first is None else [first]
+    costs += [kernel.timed(buffers, number) / number for _ in range(policy.repeat - len(costs))]
+    return tuple(costs)
 
 
 def choose_number(
     kernel: KernelLibrary, buffers: Sequence[np.ndarray], policy: TimingPolicy
-) -> int:
-    """Calls per repeat: double from `policy.number` until a repeat lasts `min_repeat_ms`."""
+) -> tuple[int, float | None]:
+    """Calls per repeat: double from `policy.number` until a repeat lasts `min_repeat_ms`.
+
+    Also returns the per-call cost of the probe that qualified, so a slow kernel (one call
+    already long enough) is not run again just to be timed: it counts as the first repeat.
+    """
     min_seconds = policy.min_repeat_ms / 1000.0
     number = min(policy.number, policy.max_number)
     if min_seconds <= 0:
-        return number
-    while number < policy.max_number:
-        if kernel.timed(buffers, number) >= min_seconds:
-            break
+        return number, None
+    while True:
+        elapsed = kernel.timed(buffers, number)
+        if elapsed >= min_seconds or number >= policy.max_number:
+            return number, elapsed / number
         number = min(number * 2, policy.max_number)
-    return number
