@@ -27,9 +27,6 @@ KNOWN_BUGS = {
     # non-divisible split of a *reduce* axis, outside the reduce loops: the C code uses undeclared
     # loop variables (test_schedule.py::test_non_divisible_reduce_split_compiles).
     "reduce_split_guard_on_init": True,
-    # state.py rfactor unpacks 2 values from leaf_expressions, which returns 3: every rfactor
-    # raises ValueError (test_schedule.py::test_rfactor_*).
-    "rfactor_unpack": True,
 }
 
 RTOL = 1e-4

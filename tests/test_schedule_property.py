@@ -195,10 +195,8 @@ ACTIONS = {
     "split": do_split, "reorder": do_reorder, "fuse": do_fuse, "parallel": do_parallel,
     "vectorize": do_vectorize, "unroll": do_unroll, "auto_unroll": do_auto_unroll,
     "compute_inline": do_inline, "compute_root": do_compute_root, "compute_at": do_compute_at,
-    "cache_write": do_cache_write, "cache_read": do_cache_read,
+    "cache_write": do_cache_write, "cache_read": do_cache_read, "rfactor": do_rfactor,
 }
-if not KNOWN_BUGS["rfactor_unpack"]:
-    ACTIONS["rfactor"] = do_rfactor
 # weighted: splits create the iterators other steps act on; placements are where bugs hide
 ACTION_CHOICES = ["split", "split", "compute_at", "cache_write"] + list(ACTIONS)
 

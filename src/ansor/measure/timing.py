@@ -32,6 +32,7 @@ class TimingPolicy:
     number: int = 1
     max_number: int = 10**6
     flush_cache: bool = False
+    max_seconds: float = 2.0  # stop adding repeats once this much time went into timing
 
     def __post_init__(self) -> None:
         if self.repeat < 1 or self.number < 1 or self.max_number < 1 or self.warmup < 0:
@@ -68,7 +69,10 @@ def measure_costs(
         kernel(buffers)
     number, first = choose_number(kernel, buffers, policy)
     costs = [] if first is None else [first]
-    costs += [kernel.timed(buffers, number) / number for _ in range(policy.repeat - len(costs))]
+    while len(costs) < policy.repeat:
+        if costs and sum(costs) * number >= policy.max_seconds:
+            break  # a very slow kernel: its first repeats already tell the story
+        costs.append(kernel.timed(buffers, number) / number)
     return tuple(costs)
 
 
