@@ -44,19 +44,28 @@ def open_database(database: Database | str | None) -> tuple[Database, bool]:
     return Database(database if database is not None else default_database_path()), True
 
 
+POLICIES = ("sketch.random", "basic")
+
+
 def make_policy(policy: str | SearchPolicy, task: Task, seed: int | None) -> SearchPolicy:
+    """A policy object from its name: 'sketch.random' samples Ansor's sketch space at random;
+    'basic' is the first, template-like random search (kept for comparison)."""
     if isinstance(policy, SearchPolicy):
         return policy
-    if policy == "random":
+    if policy == "sketch.random":
+        from ansor.search.sketch_policy import SketchPolicy
+
+        return SketchPolicy(task, seed)
+    if policy == "basic":
         from ansor.search.basic import RandomSearchPolicy
 
         return RandomSearchPolicy(task, seed)
-    raise ValueError(f"unknown search policy {policy!r}; available: 'random'")
+    raise ValueError(f"unknown search policy {policy!r}; available: {', '.join(POLICIES)}")
 
 
 def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | str | None = None,
          target: Target | None = None, timeout: float = TUNE_DEFAULTS["timeout"], seed: int | None = None,
-         policy: str | SearchPolicy = "random", measures_per_round: int = TUNE_DEFAULTS["measures_per_round"],
+         policy: str | SearchPolicy = "sketch.random", measures_per_round: int = TUNE_DEFAULTS["measures_per_round"],
          timing: TimingPolicy | None = None, progress: bool = True,
          callback: Callable[[TuneResult], None] | None = None) -> TuneResult | list[TuneResult]:
     """Search for fast programs of one task (or several, sharing the trial budget).
@@ -78,7 +87,7 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
         results = [TuneResult(t) for t in task_list]
         budgets = _split_budget(trials, len(task_list))
         for t, res, budget in zip(task_list, results, budgets):
-            _tune_one(t, res, budget, db, timeout, seed, policy if single else "random", measures_per_round,
+            _tune_one(t, res, budget, db, timeout, seed, policy if single else "sketch.random", measures_per_round,
                       timing, progress, callback)
     finally:
         if owned:
