@@ -63,8 +63,9 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def draw_lengths(data, extent: int, n: int, divisible: bool) -> list[int]:
-    """n split lengths; any small lengths (often not dividing the extent) unless `divisible`."""
+def draw_lengths(data, extent: int, n: int) -> list[int]:
+    """n split lengths: divisors of the extent, or any small lengths (often not dividing it)."""
+    divisible = data.draw(st.booleans(), label="divisible")
     lengths = []
     rest = extent
     for _ in range(n):
@@ -85,8 +86,7 @@ def do_split(data, s):
     sid = draw_stage(data, s)
     idx = draw_iter(data, s, sid)
     it = s.stages[sid].iters[idx]
-    divisible = it.kind == "reduce" and KNOWN_BUGS["reduce_split_guard_on_init"]
-    lengths = draw_lengths(data, it.extent, data.draw(st.integers(1, 2), label="n_lengths"), divisible)
+    lengths = draw_lengths(data, it.extent, data.draw(st.integers(1, 2), label="n_lengths"))
     event("split: " + ("divisible" if it.extent % _prod(lengths) == 0 else "non-divisible"))
     s.split(sid, idx, lengths, inner_to_outer=data.draw(st.booleans(), label="inner_to_outer"))
 
@@ -148,7 +148,7 @@ def do_cache_write(data, s):
     stage = cache + 1  # the original stage now copies out of the cache
     if data.draw(st.booleans(), label="split before compute_at"):
         idx = draw_iter(data, s, stage)
-        s.split(stage, idx, draw_lengths(data, s.stages[stage].iters[idx].extent, 1, False))
+        s.split(stage, idx, draw_lengths(data, s.stages[stage].iters[idx].extent, 1))
     if data.draw(st.booleans(), label="compute_at cache"):
         s.compute_at(cache, stage, draw_iter(data, s, stage))
 
@@ -170,14 +170,17 @@ def do_rfactor(data, s):
     reductions = [i for i in loop_stages(s) if s.stages[i].op.reduce_axes]
     sid = draw_stage(data, s, reductions or None)
     stage = s.stages[sid]
+    if KNOWN_BUGS["rfactor_after_spatial_split"]:
+        spatial = [it.name for it in stage.iters if it.kind == "spatial"]
+        if spatial != [a.name for a in stage.op.axes]:
+            raise NotApplicable("rfactor after a spatial split")
     reduce_ids = [i for i, it in enumerate(stage.iters) if it.kind == "reduce"]
     if len(reduce_ids) > 1 and data.draw(st.booleans(), label="fuse reduce axes"):
         s.fuse(sid, reduce_ids)
     reduce_ids = [i for i, it in enumerate(s.stages[sid].iters) if it.kind == "reduce"]
     if data.draw(st.booleans(), label="split before rfactor"):
         idx = pick(data, reduce_ids, "reduce iterator")
-        s.split(sid, idx, draw_lengths(data, s.stages[sid].iters[idx].extent, 1,
-                                       KNOWN_BUGS["reduce_split_guard_on_init"]))
+        s.split(sid, idx, draw_lengths(data, s.stages[sid].iters[idx].extent, 1))
     reduce_ids = [i for i, it in enumerate(s.stages[sid].iters) if it.kind == "reduce"]
     idx = pick(data, reduce_ids, "rfactor iterator")
     factor_axis = data.draw(st.integers(0, len(s.stages[sid].op.axes)), label="factor_axis")
@@ -236,4 +239,5 @@ def test_random_schedule_matches_numpy(op_name, data, builder):
     replayed = ansor.State.replay(task.dag, steps_from_json(json.loads(text)))
     assert replayed.key() == s.key()
     assert replayed.steps_json() == s.steps_json()
-    assert generate_source(replayed, task.target)[0] == generate_source(s, task.target)[0]
+    if not KNOWN_BUGS["address_dependent_term_order"]:
+        assert generate_source(replayed, task.target)[0] == generate_source(s, task.target)[0]

@@ -213,7 +213,6 @@ class _Lowerer:
         op = s.op
         out_idx = [simplify(L.axis_values[id(a)] - lo, self.ranges) for a, lo in zip(op.axes, L.region_lo)]
         body = L.body
-        spatial_guard = _conjunction(L.guards)
         if isinstance(body, E.Reduce):
             current = ir.BufferLoad(L.buffer, out_idx)
             source = self._to_ir(body.source, L)
@@ -225,12 +224,18 @@ class _Lowerer:
         else:
             update = ir.Store(L.buffer, tuple(out_idx), self._to_ir(body, L))
             init = None
-        if spatial_guard is not None:
-            update = ir.IfThenElse(spatial_guard, update)
-            if init is not None:
-                init = ir.IfThenElse(spatial_guard, init)
         iters = s.iters
         first_reduce = next((p for p, it in enumerate(iters) if it.kind == "reduce"), None)
+        # each guard goes right inside the innermost loop it depends on, not around every store
+        guards_at: dict[int, list[E.Expr]] = {}
+        position = {id(v): p for p, v in enumerate(L.loop_vars)}
+        for g in L.guards:
+            level = max((position[id(v)] for v in E.free_vars(g) if id(v) in position), default=-1)
+            guards_at.setdefault(level, []).append(g)
+
+        def guarded(p: int, stmt: ir.Stmt) -> ir.Stmt:
+            cond = _conjunction(guards_at.get(p, []))
+            return stmt if cond is None else ir.IfThenElse(cond, stmt)
 
         def loop(p: int, inner: ir.Stmt) -> ir.Stmt:
             it = iters[p]
@@ -243,7 +248,7 @@ class _Lowerer:
             if p == len(iters):
                 return update
             children = st.attached_to(s.name, iters[p].name)
-            block = ir.seq([self._emit_stage(c) for c in children] + [build(p + 1)])
+            block = ir.seq([self._emit_stage(c) for c in children] + [guarded(p, build(p + 1))])
             for c in reversed(children):  # attached buffers live for the whole loop body
                 if self.info[c].buffer.role == "temp":
                     block = ir.Allocate(self.info[c].buffer, block)
@@ -252,7 +257,7 @@ class _Lowerer:
                 init_nest = init
                 for q in reversed(range(p + 1, len(iters))):
                     if iters[q].kind != "reduce":
-                        init_nest = loop(q, init_nest)
+                        init_nest = loop(q, guarded(q, init_nest))
                 return ir.seq([init_nest, inner])
             return inner
 
@@ -262,6 +267,7 @@ class _Lowerer:
             stmt = build(0)
             if first_reduce is None and init is not None:
                 stmt = ir.seq([init, stmt])
+        stmt = guarded(-1, stmt)
         if s.auto_unroll_max_step > 0:
             _mark_auto_unroll(stmt, s.auto_unroll_max_step)
         return stmt

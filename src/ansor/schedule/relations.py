@@ -30,14 +30,22 @@ def leaf_expressions(stage, leaf_values: dict[str, E.Expr], root_extents: dict[s
     guards: list[E.Expr] = []
     for rel in reversed(stage.relations):
         if hasattr(rel, "parent"):
+            if rel.inner_to_outer:
+                strides = rel.strides()
+            else:
+                strides, acc_ = [], 1
+                for child in reversed(rel.children):
+                    strides.append(acc_)
+                    acc_ *= ext[child]
+                strides.reverse()
             acc = None
-            stride = 1
-            for child in reversed(rel.children):
+            span = 1  # number of parent values the loops can reach
+            for child, stride in zip(reversed(rel.children), reversed(strides)):
                 term = values[child] if stride == 1 else values[child] * stride
                 acc = term if acc is None else term + acc
-                stride *= ext[child]
+                span += (ext[child] - 1) * stride
             values[rel.parent] = acc
-            if stride != ext[rel.parent]:
+            if span > ext[rel.parent]:
                 guards.append(acc < ext[rel.parent])
         else:
             fused = values[rel.fused]

@@ -44,11 +44,31 @@ class Split:
     inner_to_outer: bool = True
 
     def child_extents(self, parent_extent: int | None) -> list[int | None]:
+        """Loop extents of the pieces. When the parent is smaller than the pieces' span (a stage
+        computed inside its consumer covers only a region), inner pieces are clipped so outer
+        ones shrink to 1 instead of looping over guarded-out iterations."""
         if parent_extent is None or any(f is None for f in self.factors):
-            rest = None
-        else:
-            rest = -(-parent_extent // math.prod(self.factors))  # ceil division
-        return [rest, *self.factors] if self.inner_to_outer else [*self.factors, rest]
+            return [None] * (len(self.factors) + 1)
+        if not self.inner_to_outer:
+            return [*self.factors, -(-parent_extent // math.prod(self.factors))]
+        extents = []
+        span = 1
+        for f in reversed(self.factors):
+            extents.append(min(f, -(-parent_extent // span)))
+            span *= f
+        extents.append(-(-parent_extent // span))
+        return list(reversed(extents))
+
+    def strides(self) -> list[int]:
+        """Multiplier of each piece in the parent's value (mixed radix of the declared factors)."""
+        if not self.inner_to_outer:
+            raise ValueError("strides of an nparts split depend on the parent extent")
+        out, acc = [], 1
+        for f in reversed(self.factors):
+            out.append(acc)
+            acc *= f
+        out.append(acc)
+        return list(reversed(out))
 
 
 @dataclass(frozen=True)

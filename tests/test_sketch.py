@@ -1,0 +1,141 @@
+"""Sketch generation and random annotation: the rules fire where they should, and every sketch,
+randomly annotated many times, computes what numpy computes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import ansor
+from ansor.measure import Builder, MeasureErrorNo, check_outputs
+from ansor.measure.run import evaluate_kernel
+from ansor.codegen import generate_source
+from ansor.search.annotate import annotate, factorizations
+from ansor.search.sketch import Cond, SketchRule
+from ansor.search.sketch_policy import SketchPolicy
+from ansor.workloads import make_task_tensors
+
+SMALL = {
+    "matmul": ((24, 20, 16), {}),
+    "matmul_bias_relu": ((24, 20, 16), {}),
+    "conv2d": ((1, 3, 9, 9, 4, 3, 3), {"padding": 1}),
+    "conv2d_bias_relu": ((1, 3, 9, 9, 4, 3, 3), {"padding": 1}),
+    "depthwise_conv2d": ((1, 4, 9, 9, 3, 3), {"padding": 1}),
+    "conv2d_transpose": ((1, 4, 4, 4, 3, 4, 4), {"stride": 2, "padding": 1}),
+    "norm2": ((12, 10), {}),
+    "softmax": ((6, 20), {}),
+    "layer_norm": ((6, 20), {}),
+    "layer_norm_gelu": ((6, 20), {}),
+}
+ANNOTATIONS_PER_SKETCH = 20
+
+
+def small_task(name: str) -> ansor.Task:
+    shape, opts = SMALL[name]
+    return ansor.Task(make_task_tensors(name, shape, **opts), name=name)
+
+
+def histories(name: str) -> list[str]:
+    return [" ".join(s.history) for s in SketchPolicy(small_task(name), seed=0).sketches]
+
+
+def test_matmul_sketches_cache_write_and_plain_tiling():
+    h = histories("matmul")
+    assert len(h) == 3
+    assert sum("add_cache_write(matmul)" in x for x in h) == 2
+    assert sum("multi_level_tiling_with_fusion(matmul.local" in x for x in h) == 2
+    assert any(x == "multi_level_tiling(matmul)" for x in h)
+
+
+@pytest.mark.parametrize("name, producer", [("matmul_bias_relu", "matmul"), ("conv2d_bias_relu", "conv2d")])
+def test_fusible_consumer_is_fused(name, producer):
+    h = histories(name)
+    assert all("always_inline(bias_add)" in x for x in h)
+    assert sum(f"multi_level_tiling_with_fusion({producer}" in x for x in h) == 2
+    assert not any("add_cache_write" in x for x in h)  # a fusible consumer makes the cache useless
+
+
+def test_norm2_gets_rfactor():
+    h = histories("norm2")
+    assert sum("add_rfactor(norm2_sum_sq" in x for x in h) == 2
+    assert len(h) == 3
+
+
+def test_sketch_counts_stay_small():
+    for name in SMALL:
+        assert 1 <= len(histories(name)) <= 10, name
+
+
+def test_custom_rule_runs_before_builtin_rules():
+    def condition(ctx, state, sid):
+        st = state.stages[sid]
+        return Cond.APPLY_AND_SKIP_REST if st.name == "matmul" and st.is_fresh else Cond.SKIP
+
+    def action(ctx, state, sid):
+        s = state.copy()
+        s.split(sid, 0, [None])
+        return [(s, sid - 1)]
+
+    task = small_task("matmul")
+    policy = SketchPolicy(task, seed=0, custom_rules=[SketchRule("my_split", condition, action)])
+    assert [s.history for s in policy.sketches] == [["my_split(matmul)"]]
+    programs = policy.sample(5)
+    assert programs and all(any("i.0" in it.name for it in p.stage("matmul").iters) for p in programs)
+
+
+def test_factorizations_are_perfect_and_bounded():
+    for extent, n, bound in [(1024, 3, 64), (96, 2, 16), (7, 3, 64), (1, 2, 4)]:
+        tuples = factorizations(extent, n, bound)
+        assert tuples
+        for t in tuples:
+            assert len(t) == n and t[-1] <= bound
+            prod = 1
+            for f in t:
+                prod *= f
+            assert extent % prod == 0
+
+
+def test_sampling_is_reproducible_and_distinct():
+    a = [s.key() for s in SketchPolicy(small_task("conv2d"), seed=7).sample(30)]
+    b = [s.key() for s in SketchPolicy(small_task("conv2d"), seed=7).sample(30)]
+    assert a == b
+    assert len(set(a)) == len(a)
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_every_sketch_annotated_matches_numpy(name, tmp_path):
+    task = small_task(name)
+    policy = SketchPolicy(task, seed=0)
+    rng = random.Random(1234)
+    programs = []
+    for sketch in policy.sketches:
+        made, tries = 0, 0
+        while made < ANNOTATIONS_PER_SKETCH and tries < 200:
+            tries += 1
+            st = annotate(sketch.steps, task.dag, rng, policy.params, task.target.num_cores)
+            if st is not None:
+                programs.append(st)
+                made += 1
+        assert made == ANNOTATIONS_PER_SKETCH, f"{name}: sketch {sketch.history} rarely annotates"
+    sources = [generate_source(st, task.target, "kernel") for st in programs]
+    builds = Builder(cache_dir=tmp_path).build([src for src, _ in sources])
+    inputs = task.random_inputs(seed=0)
+    expected = task.reference_outputs(inputs)
+    for st, (src, fname), b in zip(programs, sources, builds):
+        assert b.error_no == MeasureErrorNo.NO_ERROR, b.error_msg
+        r = evaluate_kernel(b.lib_path, fname, inputs, expected, timing=_no_timing())
+        assert r.error_no == MeasureErrorNo.NO_ERROR, f"{r.error_msg}\n{st}"
+
+
+def _no_timing():
+    from ansor.measure import TimingPolicy
+
+    return TimingPolicy(warmup=0, repeat=1, min_repeat_ms=0.0)
+
+
+def test_check_outputs_is_what_the_space_test_relies_on():
+    import numpy as np
+
+    assert check_outputs([np.ones(3, "float32")], [np.ones(3, "float32")]) is None
+    assert check_outputs([np.zeros(3, "float32")], [np.ones(3, "float32")]) is not None
