@@ -21,7 +21,12 @@ ExprLike = Union["Expr", int, float, bool]
 
 
 def check_dtype(dtype: str) -> str:
-    dtype = str(np.dtype(dtype)) if dtype != "bool" else dtype
+    if dtype in DTYPE_BYTES:  # the common case, without numpy's dtype parsing
+        return dtype
+    try:
+        dtype = str(np.dtype(dtype))
+    except TypeError:
+        raise TypeError(f"unsupported dtype {dtype!r}; ansor supports {', '.join(DTYPES)}") from None
     if dtype not in DTYPES:
         raise TypeError(f"unsupported dtype {dtype!r}; ansor supports {', '.join(DTYPES)}")
     return dtype
