@@ -1,0 +1,246 @@
+"""Evolutionary search over complete programs: mutations and crossover of step lists, scored
+by a cost model; the fittest unmeasured programs are what gets measured.
+
+A program is its step list, so every edit is "change a step, replay": the replay is the
+validator, and an edit that makes an illegal program simply produces no child.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import replace
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ansor.schedule.state import ScheduleError, State
+from ansor.schedule.steps import AnnotateStep, ComputeAtStep, FuseStep, PragmaStep, SplitStep, Step
+from ansor.search.annotate import compute_location_candidates, divisors
+
+ScoreFn = Callable[[Sequence[State]], np.ndarray]
+
+
+def _replay(dag, steps: Sequence[Step]) -> State | None:
+    try:
+        return State.replay(dag, steps)
+    except ScheduleError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# mutations: each returns a new State or None
+
+def mutate_tile_size(state: State, rng: random.Random, params: dict) -> State | None:
+    """Move a factor between two levels of one split; the product (the extent) is preserved."""
+    max_inner = params["max_innermost_split_factor"]
+    candidates = [i for i, s in enumerate(state.steps)
+                  if isinstance(s, SplitStep) and s.extent and s.extent > 1 and s.inner_to_outer
+                  and all(n is not None for n in s.lengths)]
+    if not candidates:
+        return None
+    for _ in range(4 * len(candidates)):
+        idx = rng.choice(candidates)
+        step = state.steps[idx]
+        prod = 1
+        for n in step.lengths:
+            prod *= n
+        if step.extent % prod:
+            continue  # only perfect tilings are mutated
+        values = [step.extent // prod, *step.lengths]
+        order = list(range(len(values)))
+        rng.shuffle(order)
+        for k, src in enumerate(order):
+            if values[src] == 1:
+                continue
+            dst = order[(k + 1) % len(order)]
+            choices = [d for d in divisors(values[src]) if d > 1]
+            if dst == len(values) - 1:
+                choices = [d for d in choices if d * values[dst] <= max_inner]
+            if not choices:
+                continue
+            d = rng.choice(choices)
+            values[src] //= d
+            values[dst] *= d
+            steps = list(state.steps)
+            steps[idx] = replace(step, lengths=tuple(values[1:]))
+            return _replay(state.dag, steps)
+    return None
+
+
+def mutate_auto_unroll(state: State, rng: random.Random, params: dict) -> State | None:
+    pragmas = [i for i, s in enumerate(state.steps) if isinstance(s, PragmaStep)]
+    if not pragmas:
+        return None
+    idx = rng.choice(pragmas)
+    current = state.steps[idx].pragma
+    options = [f"auto_unroll_max_step${v}" for v in params["auto_unroll_max_step_choices"]]
+    options = [o for o in options if o != current]
+    steps = list(state.steps)
+    steps[idx] = replace(steps[idx], pragma=rng.choice(options))
+    return _replay(state.dag, steps)
+
+
+def mutate_compute_location(state: State, rng: random.Random, params: dict) -> State | None:
+    """Move a computed-at stage to another loop of its consumer."""
+    cas = [i for i, s in enumerate(state.steps) if isinstance(s, ComputeAtStep)]
+    rng.shuffle(cas)
+    for idx in cas:
+        before = _replay(state.dag, state.steps[:idx])
+        if before is None:
+            return None
+        sid = state.steps[idx].stage_id
+        if not before.stages[sid].is_fresh or before.infos[sid].needs_multi_level_tiling:
+            continue
+        cands = [c for c in compute_location_candidates(before, sid)
+                 if c != (state.steps[idx].target_stage_id, state.steps[idx].target_iter_id)]
+        if not cands:
+            continue
+        target, it = rng.choice(cands)
+        steps = list(state.steps)
+        steps[idx] = ComputeAtStep(sid, target, it)
+        return _replay(state.dag, steps)
+    return None
+
+
+def mutate_parallel(state: State, rng: random.Random, params: dict) -> State | None:
+    """Change how many outer loops are fused into the parallel loop."""
+    spots = [i for i, s in enumerate(state.steps[:-1])
+             if isinstance(s, FuseStep) and s.iter_ids and s.iter_ids[0] == 0
+             and isinstance(state.steps[i + 1], AnnotateStep) and state.steps[i + 1].annotation == "parallel"
+             and state.steps[i + 1].stage_id == s.stage_id and state.steps[i + 1].iter_id == 0]
+    if not spots:
+        return None
+    idx = rng.choice(spots)
+    fuse = state.steps[idx]
+    sid = fuse.stage_id
+    before = _replay(state.dag, state.steps[:idx])
+    if before is None:
+        return None
+    st = before.stages[sid]
+    max_n = 0
+    for it in st.iters:
+        if it.kind != "spatial" or it.annotation != "none":
+            break
+        max_n += 1
+        if before.attached_to(st.name, it.name):
+            break
+    old_n = len(fuse.iter_ids)
+    choices = [n for n in range(1, max_n + 1) if n != old_n]
+    if not choices:
+        return None
+    new_n = rng.choice(choices)
+    shift = old_n - new_n  # later iterator ids of this stage move by this much
+    steps = list(state.steps[:idx]) + [FuseStep(sid, tuple(range(new_n)))]
+    for s in state.steps[idx + 1:]:
+        if s.stage_id == sid:
+            if isinstance(s, AnnotateStep) and s.iter_id > 0:
+                s = replace(s, iter_id=s.iter_id + shift)
+            elif isinstance(s, FuseStep):
+                s = replace(s, iter_ids=tuple(i + shift for i in s.iter_ids))
+            elif not isinstance(s, (AnnotateStep, PragmaStep)):
+                return None
+        steps.append(s)
+    return _replay(state.dag, steps)
+
+
+MUTATIONS: dict[str, Callable[[State, random.Random, dict], State | None]] = {
+    "tile_size": mutate_tile_size,
+    "auto_unroll": mutate_auto_unroll,
+    "compute_location": mutate_compute_location,
+    "parallel": mutate_parallel,
+}
+
+
+def crossover(a: State, b: State, rng: random.Random) -> State | None:
+    """Node-based crossover: each tiling decision (a split of one loop, an unroll depth) comes
+    from one parent or the other. Only parents of the same structure can mate; the child is
+    validated by replay."""
+    def decisions(st: State) -> list[int]:
+        return [i for i, s in enumerate(st.steps) if isinstance(s, (SplitStep, PragmaStep))]
+
+    da, db = decisions(a), decisions(b)
+    if len(da) < 2 or da != db or len(a.steps) != len(b.steps):
+        return None
+    for i in da:
+        sa, sb = a.steps[i], b.steps[i]
+        if type(sa) is not type(sb) or sa.stage_id != sb.stage_id or getattr(sa, "extent", None) != getattr(sb, "extent", None):
+            return None
+    take_b = [rng.random() < 0.5 for _ in da]
+    if all(take_b) or not any(take_b):
+        take_b[rng.randrange(len(da))] = not take_b[0]
+    steps = list(a.steps)
+    for i, from_b in zip(da, take_b):
+        if from_b:
+            steps[i] = b.steps[i]
+    if steps == list(a.steps) or steps == list(b.steps):
+        return None
+    return _replay(a.dag, steps)
+
+
+# ---------------------------------------------------------------------------------------------
+# the search
+
+def evolve(population: list[State], score: ScoreFn, rng: random.Random, params: dict,
+           exclude: set[str], out_size: int, num_iters: int | None = None,
+           stats: dict | None = None) -> list[tuple[float, State]]:
+    """Evolve a population for a few generations; return the best (score, state) pairs whose
+    keys are not in `exclude` (already measured), best first."""
+    num_iters = params["evolutionary_search_num_iters"] if num_iters is None else num_iters
+    pop_size = max(len(population), 1)
+    weights = params["mutation_weights"]
+    names = list(weights)
+    rule_w = np.array([weights[n] for n in names], dtype=float)
+    rule_w /= rule_w.sum()
+    heap: list[tuple[float, int, State]] = []
+    in_heap: set[str] = set()
+    counter = 0
+    for gen in range(num_iters + 1):
+        if not population:
+            break
+        scores = np.asarray(score(population), dtype=float)
+        for sc, st in zip(scores, population):
+            key = st.key()
+            if key in exclude or key in in_heap or not np.isfinite(sc):
+                continue
+            counter += 1
+            if len(heap) < out_size:
+                heapq.heappush(heap, (sc, counter, st))
+                in_heap.add(key)
+            elif sc > heap[0][0]:
+                _, _, old = heapq.heapreplace(heap, (sc, counter, st))
+                in_heap.discard(old.key())
+                in_heap.add(key)
+        if gen == num_iters:
+            break
+        fitness = np.where(np.isfinite(scores), np.maximum(scores, 0.0), 0.0)
+        if fitness.sum() <= 0:
+            fitness = np.ones(len(population))
+        cumulative = np.cumsum(fitness / fitness.sum())
+        last = len(population) - 1
+
+        def pick() -> State:  # roulette wheel: chance proportional to predicted fitness
+            return population[min(int(np.searchsorted(cumulative, rng.random())), last)]
+
+        children: list[State] = []
+        attempts = 0
+        while len(children) < pop_size and attempts < pop_size * 3:
+            attempts += 1
+            parent = pick()
+            r = rng.random()
+            if r < params["crossover_prob"]:
+                other = pick()
+                child = crossover(parent, other, rng)
+                kind = "crossover"
+            elif r < params["crossover_prob"] + params["evolutionary_search_mutation_prob"]:
+                rule = names[int(np.searchsorted(np.cumsum(rule_w), rng.random()))]
+                child = MUTATIONS[rule](parent, rng, params)
+                kind = rule
+            else:
+                child, kind = parent, "copy"
+            if stats is not None:
+                stats[kind] = stats.get(kind, 0) + (child is not None)
+            if child is not None:
+                children.append(child)
+        population = children
+    return [(sc, st) for sc, _, st in sorted(heap, key=lambda t: -t[0])]
