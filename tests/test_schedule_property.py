@@ -212,11 +212,15 @@ def random_program(data, task: ansor.Task) -> ansor.State:
         trial = s.copy()
         try:
             ACTIONS[kind](data, trial)
-            lower(trial)  # some illegal placements are only found by bound inference
         except NotApplicable:
             continue
         except ansor.ScheduleError:
             event(f"rejected: {kind}")
+            continue
+        try:
+            lower(trial)  # some illegal placements are only found by bound inference
+        except ansor.ScheduleError:
+            event(f"rejected by lowering: {kind}")
             continue
         event(f"accepted: {kind}")
         s = trial

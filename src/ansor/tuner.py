@@ -108,6 +108,8 @@ def _tune_one(task: Task, res: TuneResult, budget: int, db: Database, timeout: f
     start = time.time()
     pol = make_policy(policy, task, seed)
     measured = db.measured_state_keys(task.workload_key, task.target.key)
+    if measured:
+        pol.preload(db.records(task.workload_key, task.target.key))
     prior = db.best(task.workload_key, task.target.key)
     if prior:
         res.best_cost = prior[0].median_cost

@@ -23,3 +23,6 @@ class SearchPolicy(ABC):
 
     def update(self, results: Sequence) -> None:
         """Learn from measured results (MeasureResult objects). Default: nothing."""
+
+    def preload(self, records: Sequence) -> None:
+        """Learn from records measured before this job (database Records). Default: nothing."""

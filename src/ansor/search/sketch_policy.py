@@ -1,11 +1,18 @@
-"""SketchPolicy: Ansor's search over sketches filled in by random annotation."""
+"""SketchPolicy: Ansor's search. Sketches are derived once; each round samples a population of
+randomly annotated programs, seeds it with the best measured ones, evolves it under a cost
+model, and proposes the best predicted unmeasured programs plus a few random ones
+(eps-greedy). Without a cost model it is plain random sampling of the sketch space.
+"""
 
 from __future__ import annotations
 
+import math
 import random
+import time
 from typing import Sequence
 
-from ansor.schedule.state import State
+from ansor.schedule.state import ScheduleError, State
+from ansor.schedule.steps import steps_from_json
 from ansor.search.annotate import annotate
 from ansor.search.params import search_params
 from ansor.search.policy import SearchPolicy
@@ -14,19 +21,24 @@ from ansor.task import Task
 
 
 class SketchPolicy(SearchPolicy):
-    """Samples complete programs: a sketch drawn uniformly, then random annotation."""
+    """Samples complete programs: a sketch drawn uniformly, then random annotation; with a cost
+    model, evolves them and proposes the most promising."""
 
     def __init__(self, task: Task, seed: int | None = None, params: dict | None = None,
-                 custom_rules: Sequence[SketchRule] = ()):
+                 custom_rules: Sequence[SketchRule] = (), cost_model=None):
         super().__init__(task, seed)
         self.params = search_params(params)
         self.rng = random.Random(seed)
+        self.cost_model = cost_model
         ctx = SketchContext(task.target, self.params["cpu_multi_level_tiling_structure"],
                             tuple(self.params["cpu_fusion_levels"]))
         self.sketches: list[Sketch] = generate_sketches(State(task.dag), ctx, custom_rules)
         if not self.sketches:
             raise ValueError(f"no sketch could be derived for task {task.name!r}")
+        self.measured: list[tuple[float, State]] = []  # (cost, program) of successful measurements
+        self.last_round: dict[str, float] = {}         # seconds per phase of the last round
 
+    # --- sampling ---------------------------------------------------------------------------
     def sample(self, n: int, exclude: set[str] | None = None) -> list[State]:
         """Up to n distinct complete programs whose key is not in `exclude`."""
         out: list[State] = []
@@ -46,5 +58,73 @@ class SketchPolicy(SearchPolicy):
             out.append(st)
         return out
 
+    # --- one round --------------------------------------------------------------------------
     def next_batch(self, n: int, measured_keys: set[str]) -> list[State]:
-        return self.sample(n, measured_keys)
+        if self.cost_model is None:
+            return self.sample(n, measured_keys)
+        return self.search_round(n, measured_keys)
+
+    def score(self, states: Sequence[State]):
+        """Predicted fitness (higher is faster) of complete programs."""
+        from ansor.costmodel.features import features_for_states
+
+        return self.cost_model.predict(features_for_states(states))
+
+    def search_round(self, n: int, measured_keys: set[str]) -> list[State]:
+        """Evolve a fresh population plus the best measured programs; return n unmeasured
+        programs: the best predicted and an eps-greedy share of random ones."""
+        from ansor.search.evolution import evolve
+
+        p = self.params
+        t0 = time.perf_counter()
+        n_measured = min(len(self.measured), int(p["sample_init_use_measured_ratio"] * p["evolutionary_search_population"]))
+        init = self.sample(p["evolutionary_search_population"] - n_measured, measured_keys)
+        best_measured = [st for _, st in sorted(self.measured, key=lambda t: t[0])[:n_measured]]
+        t1 = time.perf_counter()
+        n_random = int(p["eps_greedy"] * n)
+        stats: dict = {}
+        ranked = evolve(init + best_measured, self.score, self.rng, p, measured_keys, out_size=2 * n, stats=stats)
+        t2 = time.perf_counter()
+        picks: list[State] = []
+        chosen: set[str] = set()
+        for _, st in ranked:
+            if len(picks) >= n - n_random:
+                break
+            if st.key() not in chosen:
+                picks.append(st)
+                chosen.add(st.key())
+        pool = [st for st in init if st.key() not in chosen and st.key() not in measured_keys]
+        self.rng.shuffle(pool)
+        for st in pool:
+            if len(picks) >= n:
+                break
+            picks.append(st)
+            chosen.add(st.key())
+        self.last_round = {"sample": t1 - t0, "evolve": t2 - t1, **{f"n_{k}": v for k, v in stats.items()}}
+        return picks
+
+    # --- learning ---------------------------------------------------------------------------
+    def update(self, results: Sequence) -> None:
+        """Remember successful programs (they seed later populations) and retrain the model."""
+        for r in results:
+            if r.ok:
+                self.measured.append((r.cost, r.state))
+        if self.cost_model is not None and results:
+            from ansor.costmodel.features import features_for_states
+
+            feats = features_for_states([r.state for r in results])
+            costs = [r.cost if r.ok else math.inf for r in results]
+            self.cost_model.update(feats, costs, [self.task.workload_key] * len(results))
+
+    def preload(self, records: Sequence) -> None:
+        """Learn from earlier records of this task (a resumed or repeated job)."""
+        from ansor.measurer import MeasureResult
+
+        results = []
+        for rec in records:
+            try:
+                st = State.replay(self.task.dag, steps_from_json(rec.steps))
+            except ScheduleError:
+                continue
+            results.append(MeasureResult(st, rec))
+        self.update(results)
