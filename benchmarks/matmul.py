@@ -17,7 +17,7 @@ import numpy as np
 
 import ansor
 from ansor.baselines import time_numpy, time_torch, torch_available
-from ansor.workloads import WORKLOADS, make_task_tensors
+from ansor.workloads import WORKLOADS, make_task
 
 
 def main() -> None:
@@ -31,7 +31,7 @@ def main() -> None:
     args = p.parse_args()
     shape = tuple(int(x) for x in args.shape.split(","))
     db = args.database or os.path.join(tempfile.mkdtemp(), "bench.db")
-    task = ansor.Task(make_task_tensors("matmul", shape), name="matmul")
+    task = make_task("matmul", shape)
     t0 = time.time()
     res = ansor.tune(task, trials=args.trials, database=db, seed=args.seed, policy=args.policy)
     tune_s = time.time() - t0

@@ -19,7 +19,7 @@ import time
 import ansor
 from ansor.baselines import time_numpy, time_torch
 from ansor.measure import check_outputs
-from ansor.workloads import WORKLOADS, make_task_tensors, workload_options
+from ansor.workloads import WORKLOADS, make_task, workload_options
 
 
 def main() -> None:
@@ -39,7 +39,7 @@ def main() -> None:
     curves, rows = {}, []
     inputs = None
     for policy in args.policies:
-        task = ansor.Task(make_task_tensors(args.workload, shape), name=args.workload)
+        task = make_task(args.workload, shape)
         db = os.path.join(tempfile.mkdtemp(), "bench.db")
         t0 = time.time()
         res = ansor.tune(task, trials=args.trials, database=db, seed=args.seed, policy=policy)

@@ -4,10 +4,11 @@
 never go through `ansor.te.evaluate`, so a schedule bug cannot hide behind an evaluator bug).
 `run_and_check` compiles a State, runs it on random inputs and compares with the reference.
 
-`KNOWN_BUGS` lists library bugs that have a strict-xfail repro in these tests; the random
-program generator in test_schedule_property.py stays away from them while they are open. When a
-bug is fixed its xfail test starts to pass (and fails the suite as XPASS(strict)): remove the
-xfail marker and set the flag here to False, so the property test covers the case again.
+`KNOWN_BUGS` lists open library bugs that the random programs of test_schedule_property.py would
+hit; each has a strict-xfail repro (named next to the flag), and the generator stays away from
+the bug while its flag is True. When a bug is fixed its repro passes and fails the suite as
+XPASS(strict): remove the xfail marker and set the flag here to False, so the property test
+covers the case again.
 """
 
 from __future__ import annotations

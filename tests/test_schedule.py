@@ -224,6 +224,17 @@ def test_error_compute_at_non_consumer():
                   "layer_norm_var", "layer_norm_mean")
 
 
+def test_compute_at_with_a_consumer_outside_the_loop_fails_at_lowering():
+    """'half' is read by 'expo' and by 'out': computing it inside expo's loop is accepted by the
+    step (it only checks that the target is a consumer) and refused by bound inference."""
+    from ansor.lower.lower import lower
+
+    s = State(OPERATORS["elementwise_chain"].task().dag)
+    s.compute_at("half", "expo", 0)
+    with pytest.raises(ScheduleError, match=r"'half'.*'out'"):
+        lower(s)
+
+
 def test_error_compute_at_of_output_and_of_itself():
     s = fresh_gemm()
     _expect_error(s, lambda s: s.compute_at("act", "gemm", 0), "act")
@@ -339,19 +350,19 @@ def test_cache_read_with_two_readers(builder):
     run_and_check(op, task, s, builder)
 
 
-@pytest.mark.parametrize("factor_axis, rf_shape", [(0, (4, 6)), (1, (6, 4))])
-@pytest.mark.parametrize("split", [4, 3])  # 20 = 5 x 4; 20 = 7 x 3 - 1 (a guard in the rf stage)
-def test_rfactor_factor_axis(factor_axis, rf_shape, split, builder):
+@pytest.mark.parametrize("factor_axis", [0, 1])   # before and after the spatial axis i
+@pytest.mark.parametrize("split", [4, 3])        # 20 = 5 x 4; 20 = 7 x 3 - 1 (guarded)
+def test_rfactor_factor_axis(factor_axis, split, builder):
     task = row_sum_task()
     s = State(task.dag)
     s.split("rowsq", "k", [split])
     rf = s.rfactor("rowsq", "k.1", factor_axis)
-    rf_shape = tuple(split if n == 4 else n for n in rf_shape)
-    assert s.stages[rf].name == "rowsq.rf" and s.stages[rf].op.shape == rf_shape
-    final = s.stages[rf + 1]
+    rf_stage, final = s.stages[rf], s.stages[rf + 1]
+    assert rf_stage.name == "rowsq.rf"
+    assert rf_stage.op.shape == ((split, 6) if factor_axis == 0 else (6, split))
     assert final.name == "rowsq" and [it.kind for it in final.iters] == ["spatial", "reduce"]
     assert final.iters[1].extent == split
-    s.annotate("rowsq.rf", "i", "parallel") if factor_axis == 1 else None
+    s.annotate("rowsq.rf", 0, "parallel")
     s.annotate("rowsq", "i", "vectorize")
     inputs = random_inputs(task)
     out = run_state(task, s, builder, inputs)
@@ -443,14 +454,16 @@ def test_workload_key_depends_on_shape_dtype_and_computation():
     assert ansor.Task([B, A, C]).workload_key != ansor.Task([A, B, C]).workload_key
 
 
-def test_schedule_key_does_not_depend_on_names():
-    """Two states with the same steps on renamed tensors print the same loops apart from names,
-    and equal steps on the same dag give equal keys."""
-    t1 = gemm_task()
-    s1, s2 = State(t1.dag), State(t1.dag)
+def test_state_key_identifies_the_program():
+    task = gemm_task()
+    s1, s2 = State(task.dag), State(task.dag)
     for s in (s1, s2):
         s.split(2, 0, [4])
         s.reorder(2, [0, 2, 3, 1])
     assert s1.key() == s2.key()
     s2.annotate(2, 0, "parallel")
     assert s1.key() != s2.key()
+    s3 = State(task.dag)
+    s3.split(2, 0, [2])
+    s3.reorder(2, [0, 2, 3, 1])
+    assert s3.key() != s1.key()

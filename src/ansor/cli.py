@@ -76,6 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
     sa.add_argument("--seed", type=int, default=0)
     sa.add_argument("--no-source", action="store_true", help="loop nests only, no C")
 
+    cm = sub.add_parser("costmodel", help="cost-model quality on the records of a database")
+    cm_sub = cm.add_subparsers(dest="cm_command", metavar="ACTION")
+    ev = cm_sub.add_parser("eval", help="train on a split of the records, report ranking quality on the rest",
+                           description="Replays every record of the database for this machine's target, "
+                                       "extracts program features, trains the XGBoost cost model on 80%% of "
+                                       "the programs and reports pairwise ranking accuracy, top-k recall and "
+                                       "R^2 on the held-out 20%%.")
+    ev.add_argument("--database", help="records database (default: $ANSOR_DB or the user cache)")
+    ev.add_argument("--test-fraction", type=float, default=0.2)
+    ev.add_argument("--seed", type=int, default=0)
+
     exp = sub.add_parser("export", help="write records as JSON lines")
     exp.add_argument("path")
     exp.add_argument("--database")
@@ -94,11 +105,10 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
 
 
 def _task_from_args(args):
-    import ansor
-    from ansor.workloads import make_task_tensors
+    from ansor.workloads import make_task
 
     opts = {k: getattr(args, k) for k in ("stride", "padding", "dilation", "groups")}
-    return ansor.Task(make_task_tensors(args.workload, args.shape, args.dtype, **opts), name=args.workload)
+    return make_task(args.workload, args.shape, args.dtype, **opts)
 
 
 def _version() -> str:
@@ -115,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return {"tune": cmd_tune, "show": cmd_show, "workloads": cmd_workloads, "sketches": cmd_sketches,
-                "sample": cmd_sample, "export": cmd_export, "import": cmd_import}[args.command](args)
+                "sample": cmd_sample, "costmodel": cmd_costmodel, "export": cmd_export,
+                "import": cmd_import}[args.command](args)
     except (KeyError, ValueError, TypeError) as exc:
         from ansor.database import DatabaseError  # noqa: F401 - a ValueError subclass or not
 
@@ -189,11 +200,10 @@ def cmd_tune(args) -> int:
     import ansor
     from ansor.baselines import time_numpy, time_torch
     from ansor.report import comparison_table, console
-    from ansor.workloads import WORKLOADS, make_task_tensors, workload_options
+    from ansor.workloads import WORKLOADS, workload_options
 
     opts = {k: getattr(args, k) for k in ("stride", "padding", "dilation", "groups")}
-    tensors = make_task_tensors(args.workload, args.shape, args.dtype, **opts)
-    task = ansor.Task(tensors, name=args.workload)
+    task = _task_from_args(args)
     if args.trials < 0:
         raise ValueError("--trials must be >= 0")
     db_path = args.database or str(ansor.default_database_path())
@@ -253,6 +263,29 @@ def cmd_show(args) -> int:
 
 def _replay_text(row: dict, record) -> str:
     return "\n".join(f"  {step}" for step in record.steps)
+
+
+def cmd_costmodel(args) -> int:
+    import ansor
+    from ansor.costmodel.dataset import load_dataset
+    from ansor.costmodel.model import evaluate_split
+    from ansor.database import Database
+    from ansor.report import console
+
+    if args.cm_command != "eval":
+        raise ValueError("usage: ansor costmodel eval [--database PATH]")
+    path = args.database or str(ansor.default_database_path())
+    with Database(path) as db:
+        data = load_dataset(db, ansor.Target.host().key)
+    if len(data.costs) < 10:
+        raise ValueError(f"{path} holds only {len(data.costs)} replayable records for this target; tune first")
+    metrics = evaluate_split(data.features, data.costs, data.groups, test_fraction=args.test_fraction,
+                             seed=args.seed)
+    console.print(f"{len(data.costs)} programs of {len(set(data.groups))} workloads from {path} "
+                  f"({data.skipped} records could not be replayed)")
+    for key, value in metrics.items():
+        console.print(f"  {key:24s} {value:.3f}" if isinstance(value, float) else f"  {key:24s} {value}")
+    return 0
 
 
 def cmd_export(args) -> int:

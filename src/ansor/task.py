@@ -14,10 +14,12 @@ from ansor.te.tensor import Tensor
 class Task:
     """Inputs then outputs form the kernel's signature; the target defaults to the host CPU."""
 
-    def __init__(self, tensors: Sequence[Tensor], target: Target | None = None, name: str | None = None):
+    def __init__(self, tensors: Sequence[Tensor], target: Target | None = None, name: str | None = None,
+                 spec: dict | None = None):
         self.dag = ComputeDAG(tensors)
         self.target = target or Target.host()
         self.name = name or "_".join(t.name for t in self.dag.outputs)
+        self.spec = spec  # how to rebuild the declaration (a named workload), stored with records
 
     @property
     def workload_key(self) -> str:
@@ -50,6 +52,8 @@ class Task:
     def describe(self) -> dict:
         d = self.dag.describe()
         d["name"] = self.name
+        if self.spec is not None:
+            d["spec"] = self.spec
         return d
 
     def __repr__(self) -> str:

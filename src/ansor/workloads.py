@@ -207,3 +207,27 @@ def workload_options(name: str, shape: Sequence[int] | None = None, **options) -
     opts = {**w.options, **{k: v for k, v in options.items() if v is not None}}
     opts["shape"] = tuple(shape) if shape else w.default_shape
     return opts
+
+
+def make_task(name: str, shape: Sequence[int] | None = None, dtype: str = "float32", target=None, **options):
+    """A Task of a named workload; its description records how to rebuild it."""
+    from ansor.task import Task
+
+    w = WORKLOADS.get(name)
+    tensors = make_task_tensors(name, shape, dtype, **options)
+    used = {k: v for k, v in options.items() if v is not None}
+    spec = {"workload": name, "shape": list(shape or w.default_shape), "dtype": dtype, "options": used}
+    return Task(tensors, target=target, name=name, spec=spec)
+
+
+def dag_from_description(description: dict):
+    """Rebuild the ComputeDAG of a stored workload description, or None when it is not a named
+    workload of this registry."""
+    from ansor.dag import ComputeDAG
+
+    spec = (description or {}).get("spec")
+    if not spec or spec.get("workload") not in WORKLOADS:
+        return None
+    tensors = make_task_tensors(spec["workload"], spec["shape"], spec.get("dtype", "float32"),
+                                **spec.get("options", {}))
+    return ComputeDAG(tensors)
