@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--groups", type=int, default=None)
     tune.add_argument("--no-baseline", action="store_true", help="skip the numpy/PyTorch comparison")
     tune.add_argument("--quiet", action="store_true", help="no progress bar")
+    tune.add_argument("--plot", metavar="PNG", help="save the tuning curve (best GFLOP/s vs trials) here")
 
     show = sub.add_parser("show", help="records in the database: best per workload and target")
     show.add_argument("--database", help="records database (default: $ANSOR_DB or the user cache)")
@@ -213,6 +214,11 @@ def cmd_tune(args) -> int:
                         timeout=args.timeout, measures_per_round=args.per_round, progress=not args.quiet)
     console.print(f"measured {result.trials} programs in {result.seconds:.1f} s "
                   f"({result.errors} errors)")
+    if args.plot and result.curve:
+        from ansor.report import plot_curves
+
+        plot_curves({args.policy: result.curve}, args.plot, f"{args.workload} {list(task.outputs[0].shape)}")
+        console.print(f"tuning curve saved to {args.plot}")
     kernel = ansor.build(task, database=db_path)
     inputs = task.random_inputs(seed=1)
     out = kernel(*inputs)

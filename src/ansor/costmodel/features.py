@@ -1,0 +1,666 @@
+"""Per-store program features for the learned cost model.
+
+A lowered program (`PrimFunc`) becomes a matrix with one row per buffer written by a `Store`
+and `FEATURE_COUNT` = 164 columns, in the layout of the reference auto-scheduler, so a model
+sees the same kind of description of a loop nest that the original system was designed for.
+All stores to one buffer share a row: their op counts add up, every other group is taken from
+the last store (a reduction's update statement wins over its init statement).
+
+Column list (names as in `FEATURE_NAMES`)
+=========================================
+
+Group 1 - compute and annotations (57)
+  0-6    float_mad, float_addsub, float_mul, float_divmod, float_cmp, float_math_func,
+         float_other_func: float operations in the stored value, times outer_prod.
+         cmp includes min/max. math_func counts the pure math calls (exp, log, sqrt, ...).
+         mad is always 0: the IR has no fused multiply-add node, so a*b+c counts as one mul
+         and one add. other_func is always 0: every call in the IR is a pure math function.
+  7-13   int_* : the same seven counts for integer operations (index arithmetic of loads).
+  14     bool_op: and/or/not (an n-ary and/or counts n-1).
+  15     select_op: conditional selects.
+  16-18  vec_num, vec_prod, vec_len: number of vectorized loops around the store, product of
+         their extents, extent of the innermost one.
+  19-26  vec_type.kPosNone ... vec_type.kPosMixed: position one-hot (see "Position" below).
+  27-37  unroll_num, unroll_prod, unroll_len, unroll_type.* (explicitly unrolled loops).
+  38-48  parallel_num, parallel_prod, parallel_len, parallel_type.*.
+  49     is_gpu: 1 when the program binds any loop to a GPU axis.
+  50-56  blockIdx_x_len, blockIdx_y_len, blockIdx_z_len, threadIdx_x_len, threadIdx_y_len,
+         threadIdx_z_len: extent of the innermost enclosing loop bound to that axis (1 when
+         none, as in the reference); vthread_len: product of enclosing vthread extents (1).
+
+Group 2 - buffer access (18 per buffer x 5 buffers = 90), columns B{k}.<field>, k = 0..4
+  For every buffer the statement touches (the written one and each one read) an access
+  record is built; records are sorted by (lines, bytes) descending (ties keep the order:
+  written buffer first, then reads in order of first use), the first five are kept and
+  missing slots stay zero.
+  acc_type.kRead, acc_type.kWrite, acc_type.kReadWrite   one-hot
+  bytes           outer_prod x element size
+  unique_bytes    bytes of the region touched over all enclosing loops: for a linear index
+                  the span of a dimension is sum(|coef| x (extent - 1)) + 1, the union over
+                  the statement's accesses, capped by the buffer's extent
+  lines           cache lines moved: (outer_prod / reduce_ratio) x min(1, stride x elem /
+                  cache_line), at least 1, where stride is the flat-index stride of the
+                  innermost loop whose variable moves the address and reduce_ratio is the
+                  product of the extents of the loops inside it (those leave the address
+                  unchanged)
+  unique_lines    unique_bytes / min(contiguous bytes of the region, cache_line), at least 1
+  reuse_type.kLoopMultipleRead, reuse_type.kSerialMultipleReadWrite, reuse_type.kNoReuse
+                  one-hot, from the reuse analysis below
+  reuse_dis_iter  iterations between two uses of the same data
+  reuse_dis_bytes bytes touched between two uses
+  reuse_ct        how many times the data is reused
+  bytes_d_reuse_ct, unique_bytes_d_reuse_ct, lines_d_reuse_ct, unique_lines_d_reuse_ct
+                  the four sizes divided by reuse_ct (multiplied by 2 when there is no reuse)
+  stride          flat-index stride of the innermost loop, 0 when its variable does not
+                  move the address
+
+  Reuse analysis: the enclosing loops are scanned from the innermost outward. The first loop
+  whose variable does not appear in the buffer's indices gives loop-multiple-read reuse: count
+  = its extent, distance = product of the extents of the loops inside it, bytes = bytes the
+  statements of the next inner loop touch. Before that, a loop whose body accesses the buffer
+  more than once (several statements, or several distinct indices in one statement) gives
+  serial-multiple-read-write reuse: count = accesses - 1, distance = product of the extents of
+  the loops inside it, bytes = bytes its body touches in one iteration.
+
+Group 3 - arithmetic intensity curve (10): arith_intensity_curve_0..9
+  For each loop level from the innermost outward: float ops of the statement executed by that
+  loop nest, and bytes that nest touches (sum over the statement's buffers of the touched
+  region). The curve of intensity = ops / bytes against log2(ops) is sampled at i/10 of the
+  largest log2(ops), i = 1..10, by linear interpolation. Zero for statements without float ops.
+
+Group 4 - allocation (4), on the row of a buffer allocated by an `Allocate`
+  alloc_size (bytes), alloc_prod (elements x outer_prod at the allocation), alloc_outer_prod
+  (outer_prod at the allocation), alloc_inner_prod (the row's outer_prod / alloc_outer_prod).
+
+Group 5 - outer scope (3)
+  outer_prod (product of the enclosing loop extents, GPU-bound loops included, guards
+  ignored), num_loops (number of enclosing loops), auto_unroll_max_step (product of the
+  extents of the enclosing loops that an auto-unroll pragma unrolls, 0 when none).
+
+Every value x except the one-hot columns and is_gpu is stored as sign(x) * log2(|x| + 1).
+
+Where this differs from the reference implementation
+  - reduce_ratio multiplies the extents of the skipped loops (the reference multiplies the
+    innermost loop's extent once per skipped loop).
+  - Strides are coefficients of the flattened row-major index (sum of index_d x stride_d);
+    a loop variable inside a non-linear term (//, %, min, ...) counts with coefficient 1 in
+    that dimension.
+  - Contiguous bytes (for unique_lines) are the trailing dimensions the region fully covers
+    times the first one it covers partially.
+  - Serial reuse also counts distinct accesses within one statement, and its distances are
+    measured in iterations and bytes of one iteration of the loop, like loop reuse.
+  - The intensity curve uses ops / bytes (the reference divides log2(ops) by log2(bytes)).
+  - Position one-hot: like the reference, "mixed" whenever the annotation is present and
+    "none" otherwise. The loop IR does not record whether a loop came from a spatial or a
+    reduce axis, and loops around a compute_at buffer do not appear in its indices, so a
+    classification read off the indices would mislabel them; the columns are kept for layout.
+  - auto_unroll_max_step is read off the loops the pragma unrolled (the IR keeps no pragma).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from ansor.lower import ir
+from ansor.te import expr as E
+from ansor.te.arith import atom_key, const_bounds
+
+# ---------------------------------------------------------------------------------------------
+# layout
+
+_OP_KINDS = ("mad", "addsub", "mul", "divmod", "cmp", "math_func", "other_func")
+_POS_TYPES = ("kPosNone", "kPosInnerSpatial", "kPosMiddleSpatial", "kPosOuterSpatial",
+              "kPosInnerReduce", "kPosMiddleReduce", "kPosOuterReduce", "kPosMixed")
+_GPU_AXES = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
+_BUFFER_FIELDS = (
+    "acc_type.kRead", "acc_type.kWrite", "acc_type.kReadWrite",
+    "bytes", "unique_bytes", "lines", "unique_lines",
+    "reuse_type.kLoopMultipleRead", "reuse_type.kSerialMultipleReadWrite", "reuse_type.kNoReuse",
+    "reuse_dis_iter", "reuse_dis_bytes", "reuse_ct",
+    "bytes_d_reuse_ct", "unique_bytes_d_reuse_ct", "lines_d_reuse_ct", "unique_lines_d_reuse_ct",
+    "stride",
+)
+MAX_BUFFERS = 5
+CURVE_POINTS = 10
+
+
+def _names() -> tuple[str, ...]:
+    names = [f"float_{k}" for k in _OP_KINDS] + [f"int_{k}" for k in _OP_KINDS]
+    names += ["bool_op", "select_op"]
+    for prefix in ("vec", "unroll", "parallel"):
+        names += [f"{prefix}_num", f"{prefix}_prod", f"{prefix}_len"]
+        names += [f"{prefix}_type.{p}" for p in _POS_TYPES]
+    names += ["is_gpu"] + [a.replace(".", "_") + "_len" for a in _GPU_AXES] + ["vthread_len"]
+    for k in range(MAX_BUFFERS):
+        names += [f"B{k}.{f}" for f in _BUFFER_FIELDS]
+    names += [f"arith_intensity_curve_{i}" for i in range(CURVE_POINTS)]
+    names += ["alloc_size", "alloc_prod", "alloc_outer_prod", "alloc_inner_prod"]
+    names += ["outer_prod", "num_loops", "auto_unroll_max_step"]
+    return tuple(names)
+
+
+FEATURE_NAMES: tuple[str, ...] = _names()
+FEATURE_COUNT = 164
+assert len(FEATURE_NAMES) == FEATURE_COUNT
+
+_N_OPS = 16
+_N_CONTEXT = 41  # group 1 after the op counts
+_N_BUFFER = len(_BUFFER_FIELDS)
+_GROUP2 = _N_BUFFER * MAX_BUFFERS
+# columns stored as they are: one-hots and is_gpu; everything else is log-scaled
+_RAW_COLUMNS = np.array([".k" in n or "_type.k" in n or n == "is_gpu" for n in FEATURE_NAMES])
+
+# op-count slots: float ops at 0..6, int ops at 7..13
+_ADDSUB, _MUL, _DIVMOD, _CMP, _MATH = 1, 2, 3, 4, 5
+_BINOP_SLOT = {"+": _ADDSUB, "-": _ADDSUB, "*": _MUL, "/": _DIVMOD, "//": _DIVMOD, "%": _DIVMOD,
+               "min": _CMP, "max": _CMP}
+_BOOL_OP, _SELECT_OP = 14, 15
+
+_ONE_HOT_NONE = [1.0] + [0.0] * 7
+_ONE_HOT_MIXED = [0.0] * 7 + [1.0]
+_GPU_KINDS = frozenset(_GPU_AXES + ("vthread",))
+
+_READ, _WRITE, _READ_WRITE = 0, 1, 2
+_LOOP_REUSE, _SERIAL_REUSE, _NO_REUSE = 0, 1, 2
+
+
+# ---------------------------------------------------------------------------------------------
+# expressions
+
+def _count_ops(value: E.Expr, counts: list[float], loads: list[ir.BufferLoad]) -> None:
+    """Add the operations of `value` to `counts` and collect its loads in first-use order."""
+    stack = [value]
+    pop, push, extend = stack.pop, stack.append, stack.extend
+    while stack:
+        node = pop()
+        t = type(node)
+        if t is E.BinOp:
+            counts[_BINOP_SLOT[node.op] + (0 if node.dtype in E.FLOAT_DTYPES else 7)] += 1
+            push(node.b)
+            push(node.a)
+        elif t is ir.BufferLoad:
+            loads.append(node)
+            extend(node.indices)
+        elif t is E.Const or t is E.Var or t is E.IterVar:
+            continue
+        elif t is E.Compare:
+            counts[_CMP + (0 if node.a.dtype in E.FLOAT_DTYPES else 7)] += 1
+            push(node.b)
+            push(node.a)
+        elif t is E.Logical:
+            counts[_BOOL_OP] += max(1, len(node.args) - 1)
+            extend(reversed(node.args))
+        elif t is E.Select:
+            counts[_SELECT_OP] += 1
+            push(node.b)
+            push(node.a)
+            push(node.cond)
+        elif t is E.Call:
+            counts[_MATH + (0 if node.dtype in E.FLOAT_DTYPES else 7)] += 1
+            extend(reversed(node.args))
+        else:
+            extend(reversed(node.children()))
+
+
+class _Form:
+    """An integer index as sum(coef * loop var) + sum(coef * non-linear atom) + const, the
+    same canonical linear form as `arith.to_linear`, with variables keyed by identity."""
+
+    __slots__ = ("coefs", "atoms", "const", "key")
+
+    def __init__(self, expr: E.Expr):
+        coefs: dict[int, int] = {}
+        atoms: list[tuple[E.Expr, int, frozenset]] = []
+        const = 0
+        stack = [(expr, 1)]
+        while stack:
+            node, scale = stack.pop()
+            t = type(node)
+            if t is E.Var or t is E.IterVar:
+                coefs[id(node)] = coefs.get(id(node), 0) + scale
+            elif t is E.Const:
+                const += scale * node.value
+            elif t is E.BinOp and node.op in "+-*" and node.dtype in E.INT_DTYPES:
+                op = node.op
+                if op == "+":
+                    stack.append((node.a, scale))
+                    stack.append((node.b, scale))
+                elif op == "-":
+                    stack.append((node.a, scale))
+                    stack.append((node.b, -scale))
+                elif type(node.b) is E.Const:
+                    stack.append((node.a, scale * node.b.value))
+                elif type(node.a) is E.Const:
+                    stack.append((node.b, scale * node.a.value))
+                else:
+                    atoms.append(_atom(node, scale))
+            else:
+                atoms.append(_atom(node, scale))
+        self.coefs = {k: c for k, c in coefs.items() if c}
+        self.atoms = atoms
+        self.const = const
+        self.key = (tuple(sorted(self.coefs.items())), const,
+                    tuple((atom_key(a), c) for a, c, _ in atoms))
+
+
+def _atom(node: E.Expr, scale: int) -> tuple[E.Expr, int, frozenset]:
+    return node, scale, frozenset(id(n) for n in E.walk(node) if isinstance(n, E.Var))
+
+
+# ---------------------------------------------------------------------------------------------
+# loop nest state
+
+class _Loop:
+    """An enclosing loop and what the statements inside it have touched so far."""
+
+    __slots__ = ("vid", "extent", "kind", "hint", "reg_bytes", "reg_elem_bytes", "reg_count",
+                 "ctx")
+
+    def __init__(self, loop: ir.For):
+        self.vid = id(loop.var)
+        self.extent = max(1, int(loop.extent))
+        self.kind = loop.kind
+        self.hint = loop.unroll_hint
+        self.reg_bytes = 0.0       # bytes each access touches over the whole loop, summed
+        self.reg_elem_bytes = 0.0  # bytes each access touches in one innermost iteration
+        self.reg_count: dict[int, int] = {}  # id(buffer) -> accesses inside this loop
+        self.ctx: tuple | None = None  # (group-1 annotation values, outer_prod, unroll product)
+
+
+class _Access:
+    """All accesses of one buffer in one statement."""
+
+    __slots__ = ("buffer", "read", "write", "forms", "keys")
+
+    def __init__(self, buffer: ir.Buffer):
+        self.buffer = buffer
+        self.read = False
+        self.write = False
+        self.forms: list[tuple[_Form, ...]] = []
+        self.keys: set = set()
+
+    def add(self, forms: tuple[_Form, ...]) -> None:
+        key = tuple(f.key for f in forms)
+        if key not in self.keys:
+            self.keys.add(key)
+            self.forms.append(forms)
+
+
+class _Row:
+    __slots__ = ("name", "ops", "ctx", "buffers", "curve", "outer", "alloc")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.ops = [0.0] * _N_OPS
+        self.ctx: list[float] = [0.0] * _N_CONTEXT
+        self.buffers: list[float] = [0.0] * _GROUP2
+        self.curve: list[float] = [0.0] * CURVE_POINTS
+        self.outer: list[float] = [0.0] * 3
+        self.alloc: list[float] = [0.0] * 4
+
+
+def _annotation(loops: list[_Loop]) -> list[float]:
+    if not loops:
+        return [0.0, 0.0, 0.0] + _ONE_HOT_NONE
+    return [float(len(loops)), float(math.prod(f.extent for f in loops)),
+            float(loops[-1].extent)] + _ONE_HOT_MIXED
+
+
+def _context(loops: list[_Loop]) -> tuple[list[float], float, float]:
+    """Group-1 annotation values, outer_prod and the auto-unrolled extent product of a nest."""
+    vec = [f for f in loops if f.kind == "vectorized"]
+    unroll = [f for f in loops if f.kind == "unrolled"]
+    par = [f for f in loops if f.kind == "parallel"]
+    gpu = dict.fromkeys(_GPU_AXES, 1)
+    vthread = 1
+    for f in loops:
+        if f.kind == "vthread":
+            vthread *= f.extent
+        elif f.kind in gpu:
+            gpu[f.kind] = f.extent
+    values = _annotation(vec) + _annotation(unroll) + _annotation(par)
+    values += [0.0] + [float(gpu[a]) for a in _GPU_AXES] + [float(vthread)]
+    hinted = [f.extent for f in loops if f.hint]
+    return values, float(math.prod(f.extent for f in loops)), float(math.prod(hinted) if hinted else 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# extraction
+
+class _Extractor:
+    def __init__(self, cache_line_bytes: int):
+        self.line = float(cache_line_bytes)
+        self.loops: list[_Loop] = []
+        self.depth: dict[int, int] = {}  # id(loop var) -> position in self.loops
+        self.rows: dict[int, _Row] = {}  # id(buffer) -> row, in first-store order
+        self.allocs: dict[int, tuple[float, float, float]] = {}
+        self.forms: dict[int, _Form] = {}  # id(index expr) -> linear form
+        self.root_ctx: tuple | None = None
+        self.is_gpu = False
+
+    # --- walk -------------------------------------------------------------------------------
+    def visit(self, stmt: ir.Stmt) -> None:
+        t = type(stmt)
+        if t is ir.For:
+            frame = _Loop(stmt)
+            if frame.kind in _GPU_KINDS:
+                self.is_gpu = True
+            self.depth[frame.vid] = len(self.loops)
+            self.loops.append(frame)
+            self.visit(stmt.body)
+            self.loops.pop()
+            del self.depth[frame.vid]
+        elif t is ir.Seq:
+            for s in stmt.stmts:
+                self.visit(s)
+        elif t is ir.Store:
+            self.store(stmt)
+        elif t is ir.IfThenElse:
+            self.visit(stmt.then)
+            if stmt.orelse is not None:
+                self.visit(stmt.orelse)
+        elif t is ir.Allocate:
+            outer = float(math.prod(f.extent for f in self.loops))
+            buf = stmt.buffer
+            self.allocs[id(buf)] = (float(buf.nbytes), float(buf.size) * outer, outer)
+            self.visit(stmt.body)
+
+    def context(self) -> tuple[list[float], float, float]:
+        if not self.loops:
+            if self.root_ctx is None:
+                self.root_ctx = _context([])
+            return self.root_ctx
+        top = self.loops[-1]
+        if top.ctx is None:
+            top.ctx = _context(self.loops)
+        return top.ctx
+
+    def form(self, index: E.Expr) -> _Form:
+        f = self.forms.get(id(index))
+        if f is None:
+            f = self.forms[id(index)] = _Form(index)
+        return f
+
+    # --- one statement ----------------------------------------------------------------------
+    def store(self, st: ir.Store) -> None:
+        loops = self.loops
+        n = len(loops)
+        ctx_values, outer_prod, unroll_prod = self.context()
+
+        counts = [0.0] * _N_OPS
+        loads: list[ir.BufferLoad] = []
+        _count_ops(st.value, counts, loads)
+
+        accesses: dict[int, _Access] = {}
+        acc = accesses[id(st.buffer)] = _Access(st.buffer)
+        acc.write = True
+        form = self.form
+        acc.add(tuple(form(i) for i in st.indices))
+        for load in loads:
+            acc = accesses.get(id(load.buffer))
+            if acc is None:
+                acc = accesses[id(load.buffer)] = _Access(load.buffer)
+            acc.read = True
+            acc.add(tuple(form(i) for i in load.indices))
+
+        # touched elements of every access at every loop level, registered with the loops
+        mem_bytes = [0.0] * n
+        infos = []
+        for acc in accesses.values():
+            elem = float(E.DTYPE_BYTES[acc.buffer.dtype])
+            touched, region = self.touched(acc)
+            mult = len(acc.forms)
+            bid = id(acc.buffer)
+            for i in range(n):
+                frame = loops[i]
+                frame.reg_bytes += touched[i] * elem * mult
+                frame.reg_elem_bytes += elem * mult
+                frame.reg_count[bid] = frame.reg_count.get(bid, 0) + mult
+                mem_bytes[i] += touched[i] * elem
+            infos.append((acc, elem, region))
+
+        feats = [self.access_features(acc, elem, region, outer_prod) for acc, elem, region in infos]
+        feats.sort(key=lambda f: (-f[5], -f[3]))  # stable: ties keep first-use order
+        flat: list[float] = []
+        for f in feats[:MAX_BUFFERS]:
+            flat += f
+        flat += [0.0] * (_GROUP2 - len(flat))
+
+        row = self.rows.get(id(st.buffer))
+        if row is None:
+            row = self.rows[id(st.buffer)] = _Row(st.buffer.name)
+        ops = row.ops
+        for k in range(_N_OPS):
+            if counts[k]:
+                ops[k] += counts[k] * outer_prod
+        row.ctx = ctx_values
+        row.buffers = flat
+        row.curve = self.curve(sum(counts[:7]), mem_bytes)
+        row.outer = [outer_prod, float(n), unroll_prod]
+
+    def touched(self, acc: _Access) -> tuple[list[float], list[float]]:
+        """Elements of the buffer touched when loops i..innermost sweep their ranges (outer
+        loops held), for every level i; and the per-dimension region over all loops."""
+        loops, depth = self.loops, self.depth
+        n = len(loops)
+        shape = acc.buffer.shape
+        ndim = len(shape)
+        touched = [1.0] * n
+        if len(acc.forms) == 1 and not any(f.atoms for f in acc.forms[0]):
+            # the common case: one affine access; spans grow by |coef| * (extent - 1)
+            span = [1] * ndim
+            events: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+            for d, f in enumerate(acc.forms[0]):
+                for vid, c in f.coefs.items():
+                    p = depth.get(vid)
+                    if p is not None:
+                        events[p].append((d, abs(c) * (loops[p].extent - 1)))
+            size = 1.0
+            for i in range(n - 1, -1, -1):
+                if events[i]:
+                    for d, delta in events[i]:
+                        span[d] += delta
+                    size = 1.0
+                    for d in range(ndim):
+                        size *= min(span[d], shape[d])
+                touched[i] = size
+            return touched, [float(min(s, e)) for s, e in zip(span, shape)]
+        region = self.region_at(acc, 0 if n else -1)
+        for i in range(n - 1, -1, -1):
+            touched[i] = float(math.prod(self.region_at(acc, i)))
+        return touched, region
+
+    def region_at(self, acc: _Access, level: int) -> list[float]:
+        """Per-dimension extent of the union of the statement's accesses to a buffer when the
+        loops from `level` inward sweep their ranges (level -1: no loops)."""
+        loops, depth = self.loops, self.depth
+        ranges = {f.vid: ((0, f.extent - 1) if p >= level >= 0 else (0, 0)) for p, f in enumerate(loops)}
+        out = []
+        for d, size in enumerate(acc.buffer.shape):
+            lo_all, hi_all = math.inf, -math.inf
+            for forms in acc.forms:
+                f = forms[d]
+                lo = hi = f.const
+                for vid, c in f.coefs.items():
+                    p = depth.get(vid)
+                    if p is not None and p >= level >= 0:
+                        delta = c * (loops[p].extent - 1)
+                        if delta < 0:
+                            lo += delta
+                        else:
+                            hi += delta
+                for atom, c, _ in f.atoms:
+                    alo, ahi = const_bounds(atom, ranges)
+                    alo, ahi = (alo * c, ahi * c) if c > 0 else (ahi * c, alo * c)
+                    lo += alo
+                    hi += ahi
+                lo_all = min(lo_all, lo)
+                hi_all = max(hi_all, hi)
+            span = hi_all - lo_all + 1
+            out.append(float(min(span, size)) if span == span else float(size))
+        return out
+
+    def strides(self, acc: _Access) -> dict[int, int]:
+        """Smallest nonzero flat-index stride of each loop variable over the accesses."""
+        buf_strides = acc.buffer.strides()
+        best: dict[int, int] = {}
+        for forms in acc.forms:
+            flat: dict[int, int] = {}
+            for f, s in zip(forms, buf_strides):
+                for vid, c in f.coefs.items():
+                    flat[vid] = flat.get(vid, 0) + c * s
+                for _, _, vids in f.atoms:
+                    for vid in vids:
+                        flat[vid] = flat.get(vid, 0) + s
+            for vid, c in flat.items():
+                c = abs(c)
+                if c and c < best.get(vid, math.inf):
+                    best[vid] = c
+        return best
+
+    def access_features(self, acc: _Access, elem: float, region: list[float],
+                        outer_prod: float) -> list[float]:
+        loops = self.loops
+        n = len(loops)
+        line = self.line
+        strides = self.strides(acc)
+
+        # cache lines: the innermost loop that moves the address decides the stride
+        reduce_ratio = 1.0
+        stride = 0
+        found = -1
+        for i in range(n - 1, -1, -1):
+            s = strides.get(loops[i].vid)
+            if s:
+                stride, found = s, i
+                break
+            reduce_ratio *= loops[i].extent
+        lines = max(1.0, outer_prod / reduce_ratio * min(1.0, stride * elem / line))
+        inner_stride = float(stride) if found == n - 1 else 0.0
+
+        bytes_ = outer_prod * elem
+        unique_bytes = math.prod(region) * elem
+        contiguous = elem
+        for r, size in zip(reversed(region), reversed(acc.buffer.shape)):
+            contiguous *= r
+            if r < size:
+                break
+        unique_lines = max(1.0, unique_bytes / min(contiguous, line))
+
+        reuse_type, dis_iter, dis_bytes, reuse_ct = self.reuse(acc)
+        if reuse_ct > 0.5:
+            scaled = [bytes_ / reuse_ct, unique_bytes / reuse_ct, lines / reuse_ct, unique_lines / reuse_ct]
+        else:
+            scaled = [bytes_ * 2, unique_bytes * 2, lines * 2, unique_lines * 2]
+
+        acc_type = _READ_WRITE if acc.read and acc.write else (_WRITE if acc.write else _READ)
+        out = [0.0, 0.0, 0.0, bytes_, unique_bytes, lines, unique_lines, 0.0, 0.0, 0.0,
+               dis_iter, dis_bytes, reuse_ct] + scaled + [inner_stride]
+        out[acc_type] = 1.0
+        out[7 + reuse_type] = 1.0
+        return out
+
+    def reuse(self, acc: _Access) -> tuple[int, float, float, float]:
+        """(reuse type, distance in iterations, distance in bytes, count); see the module doc."""
+        used: set[int] = set()
+        for forms in acc.forms:
+            for f in forms:
+                used.update(f.coefs)
+                for _, _, vids in f.atoms:
+                    used.update(vids)
+        bid = id(acc.buffer)
+        dis_iter = 1.0
+        dis_bytes = -1.0
+        for frame in reversed(self.loops):
+            if frame.vid not in used:
+                if dis_bytes < 0:  # reuse at the innermost loop: one element per access
+                    dis_bytes = frame.reg_elem_bytes
+                return _LOOP_REUSE, dis_iter, dis_bytes, float(frame.extent)
+            count = frame.reg_count.get(bid, 0)
+            if count > 1:
+                return _SERIAL_REUSE, dis_iter, frame.reg_bytes / frame.extent, float(count - 1)
+            dis_iter *= frame.extent
+            dis_bytes = frame.reg_bytes
+        return _NO_REUSE, 0.0, 0.0, 0.0
+
+    def curve(self, flops: float, mem_bytes: list[float]) -> list[float]:
+        """Arithmetic intensity against log2(ops), sampled at CURVE_POINTS points."""
+        if flops <= 0 or not mem_bytes:
+            return [0.0] * CURVE_POINTS
+        xs, ys = [], []
+        ops = flops
+        for i in range(len(self.loops) - 1, -1, -1):
+            ops *= self.loops[i].extent
+            xs.append(math.log2(ops))
+            ys.append(ops / max(mem_bytes[i], 1.0))
+        out = []
+        pt = 0
+        top = xs[-1]
+        for k in range(1, CURVE_POINTS + 1):
+            x = top * k / CURVE_POINTS
+            while pt < len(xs) - 1 and xs[pt] < x - 1e-4:
+                pt += 1
+            if pt == 0 or xs[pt] == xs[pt - 1]:
+                out.append(ys[pt])
+            else:
+                t = (x - xs[pt - 1]) / (xs[pt] - xs[pt - 1])
+                out.append(ys[pt - 1] + t * (ys[pt] - ys[pt - 1]))
+        return out
+
+    # --- result -----------------------------------------------------------------------------
+    def matrix(self) -> tuple[list[str], np.ndarray]:
+        names, table = [], []
+        for bid, row in self.rows.items():
+            alloc = self.allocs.get(bid)
+            if alloc is not None:
+                size, prod, outer = alloc
+                row.alloc = [size, prod, outer, row.outer[0] / outer if outer else 0.0]
+            if self.is_gpu:
+                row.ctx = list(row.ctx)
+                row.ctx[33] = 1.0  # is_gpu
+            names.append(row.name)
+            table.append(row.ops + row.ctx + row.buffers + row.curve + row.alloc + row.outer)
+        if not table:
+            return names, np.zeros((0, FEATURE_COUNT), dtype=np.float32)
+        x = np.asarray(table, dtype=np.float64)
+        scaled = np.sign(x) * np.log2(np.abs(x) + 1.0)
+        return names, np.where(_RAW_COLUMNS, x, scaled).astype(np.float32)
+
+
+def extract_feature_rows(func: ir.PrimFunc, cache_line_bytes: int = 64) -> tuple[list[str], np.ndarray]:
+    """Features of a lowered program and the name of the buffer each row describes."""
+    ex = _Extractor(cache_line_bytes)
+    ex.visit(func.body)
+    return ex.matrix()
+
+
+def extract_features(func: ir.PrimFunc, cache_line_bytes: int = 64) -> np.ndarray:
+    """(n_rows, 164) float32 features of a lowered program: one row per written buffer."""
+    return extract_feature_rows(func, cache_line_bytes)[1]
+
+
+def program_features(state, cache_line_bytes: int = 64) -> np.ndarray:
+    """Features of a complete State; a program that cannot be lowered has no rows."""
+    from ansor.lower.lower import lower
+
+    try:
+        func = lower(state)
+    except Exception:  # any lowering failure: the search drops the candidate
+        return np.zeros((0, FEATURE_COUNT), dtype=np.float32)
+    return extract_features(func, cache_line_bytes)
+
+
+def features_for_states(states: Sequence, cache_line_bytes: int = 64) -> list[np.ndarray]:
+    """Features of many States; identical programs (same key) are extracted once."""
+    memo: dict[str, np.ndarray] = {}
+    out = []
+    for state in states:
+        key = state.key()
+        feats = memo.get(key)
+        if feats is None:
+            feats = memo[key] = program_features(state, cache_line_bytes)
+        out.append(feats)
+    return out

@@ -1,0 +1,288 @@
+"""Tests for the learned cost models (ansor.costmodel.model) on synthetic features."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("xgboost")
+
+from ansor.costmodel.model import (  # noqa: E402
+    RandomModel,
+    XGBModel,
+    evaluate_split,
+    is_failed_cost,
+    normalized_throughputs,
+    pairwise_accuracy,
+    r2_score,
+    topk_recall,
+)
+
+F = 164
+_W = np.random.default_rng(1234).normal(size=8)
+
+
+def _programs(n: int, seed: int, max_rows: int = 6) -> list[np.ndarray]:
+    """Random per-row features, log-transformed like the real extractor's output."""
+    rng = np.random.default_rng(seed)
+    return [np.log2(1.0 + rng.exponential(4.0, size=(int(rng.integers(1, max_rows + 1)), F))).astype(np.float32) for _ in range(n)]
+
+
+def _speed(x: np.ndarray) -> float:
+    """Hidden throughput: a nonlinear per-row term summed over rows, as the pack-sum assumes."""
+    return float(np.sum(1.5 + np.tanh(x[:, :8] @ _W / 4.0) + 0.3 * x[:, 8:12].sum(axis=1)))
+
+
+def _dataset(n: int, seed: int, scale: float = 1.0) -> tuple[list[np.ndarray], list[float]]:
+    feats = _programs(n, seed)
+    return feats, [scale / _speed(x) for x in feats]
+
+
+def _model(**kw) -> XGBModel:
+    return XGBModel(**{"num_warmup_sample": 0, "n_threads": 1, **kw})
+
+
+@pytest.fixture(scope="module")
+def trained() -> tuple[XGBModel, list[np.ndarray], list[float]]:
+    """A model fit on 600 programs plus 200 held-out programs with their true costs."""
+    train_f, train_c = _dataset(600, seed=0)
+    model = _model()
+    model.update(train_f, train_c, ["t"] * len(train_c))
+    test_f, test_c = _dataset(200, seed=1)
+    return model, test_f, test_c
+
+
+# ------------------------------------------------------------------ learning
+
+
+def test_learns_ranking_on_held_out_programs(trained):
+    model, test_f, test_c = trained
+    pred = model.predict(test_f)
+    true = 1.0 / np.asarray(test_c)
+    assert pred.shape == (200,) and np.all(np.isfinite(pred))
+    assert pairwise_accuracy(pred, true) > 0.8
+    assert model.last_fit_info["programs"] == 600
+    assert 0 < model.last_fit_info["rounds"] <= model.max_rounds
+
+
+def test_random_model_ranks_at_chance(trained):
+    _, test_f, test_c = trained
+    pred = RandomModel(seed=0).predict(test_f)
+    assert pred.shape == (200,) and np.all((pred >= 0) & (pred < 1))
+    assert abs(pairwise_accuracy(pred, 1.0 / np.asarray(test_c)) - 0.5) < 0.1
+
+
+def test_prediction_is_pack_sum_of_rows(trained):
+    model, test_f, _ = trained
+    x = test_f[0]
+    single, double = model.predict([x, np.concatenate([x, x])])
+    assert double == pytest.approx(2.0 * single, rel=1e-5)
+    rows = model.booster.inplace_predict(x)
+    assert single == pytest.approx(float(np.sum(rows)), rel=1e-5)
+
+
+def test_training_data_accumulate_across_updates():
+    f, c = _dataset(160, seed=2)
+    model = _model()
+    model.update(f[:80], c[:80], ["t"] * 80)
+    assert model.last_fit_info["programs"] == 80
+    model.update(f[80:], c[80:], ["t"] * 80)
+    assert model.num_records == 160 and model.last_fit_info["programs"] == 160
+
+
+def test_adaptive_training_skips_small_updates():
+    f, c = _dataset(260, seed=3)
+    model = _model(adaptive_training=True)
+    model.update(f[:200], c[:200], ["t"] * 200)
+    first = model.booster
+    model.update(f[200:220], c[200:220], ["t"] * 20)  # +10 %: keep the current booster
+    assert model.booster is first
+    model.update(f[220:], c[220:], ["t"] * 40)  # +30 % since the last fit: refit
+    assert model.booster is not first and model.last_fit_info["programs"] == 260
+
+
+# ------------------------------------------------------------------ warm-up, failures, groups
+
+
+def test_warmup_returns_random_scores_until_enough_programs():
+    f, c = _dataset(130, seed=4)
+    model = XGBModel(num_warmup_sample=100, n_threads=1)
+    model.update(f[:100], c[:100], ["t"] * 100)
+    assert model.booster is None
+    a, b = model.predict(f[:50]), model.predict(f[:50])
+    assert np.all((a >= 0) & (a < 1)) and not np.array_equal(a, b)
+    model.update(f[100:], c[100:], ["t"] * 30)  # 130 > 100: the model takes over
+    assert model.booster is not None
+    np.testing.assert_array_equal(model.predict(f[:50]), model.predict(f[:50]))
+
+
+def test_failed_programs_get_zero_label_and_do_not_break_training():
+    f, c = _dataset(500, seed=5)
+    c = list(c)
+    for i in range(0, 500, 7):
+        c[i] = math.inf if i % 2 else 1e10
+    y = normalized_throughputs(c, ["t"] * 500)
+    failed = np.array([is_failed_cost(x) for x in c])
+    assert failed.sum() == len(range(0, 500, 7))
+    assert np.all(y[failed] == 0) and np.all((y[~failed] > 0) & (y[~failed] <= 1)) and y.max() == 1.0
+
+    model = _model()
+    model.update(f, c, ["t"] * 500)
+    test_f, test_c = _dataset(200, seed=6)
+    pred = model.predict(test_f)
+    assert np.all(np.isfinite(pred))
+    assert pairwise_accuracy(pred, 1.0 / np.asarray(test_c)) > 0.75
+
+
+def test_all_failed_group_has_zero_labels():
+    y = normalized_throughputs([math.inf, 1e10, float("nan"), 0.0, 2.0], ["a", "a", "a", "a", "b"])
+    np.testing.assert_array_equal(y, [0, 0, 0, 0, 1])
+
+
+def test_per_group_normalization_lets_both_groups_learn():
+    fa, ca = _dataset(400, seed=7, scale=1.0)
+    fb, cb = _dataset(400, seed=8, scale=10.0)  # the same law, 10x slower
+    ya = normalized_throughputs(ca, ["a"] * 400)
+    yb = normalized_throughputs(cb, ["b"] * 400)
+    both = normalized_throughputs(ca + cb, ["a"] * 400 + ["b"] * 400)
+    np.testing.assert_allclose(both, np.concatenate([ya, yb]))
+    assert ya.max() == yb.max() == 1.0 and yb.mean() > 0.5
+
+    model = _model()
+    model.update(fa + fb, ca + cb, ["a"] * 400 + ["b"] * 400)
+    for seed, scale in ((9, 1.0), (10, 10.0)):
+        test_f, test_c = _dataset(150, seed=seed, scale=scale)
+        assert pairwise_accuracy(model.predict(test_f), 1.0 / np.asarray(test_c)) > 0.8
+
+
+def test_programs_without_features_score_minus_inf(trained):
+    model, test_f, _ = trained
+    empty, zeros = np.zeros((0, F), np.float32), np.zeros((3, F), np.float32)
+    pred = model.predict([test_f[0], empty, zeros, np.zeros(0)])
+    assert np.isfinite(pred[0]) and np.all(pred[1:] == -np.inf)
+    assert np.all(model.predict([empty, empty]) == -np.inf)
+    warm = XGBModel(num_warmup_sample=100)
+    assert warm.predict([test_f[0], empty])[1] == -np.inf
+
+
+def test_programs_without_features_are_skipped_in_training():
+    f, c = _dataset(100, seed=11)
+    f = [np.zeros((0, F), np.float32) if i % 10 == 0 else x for i, x in enumerate(f)]
+    model = _model()
+    model.update(f, c, ["t"] * 100)
+    assert model.num_records == 100 and model.last_fit_info["programs"] == 90
+
+
+def test_input_validation(trained):
+    model, test_f, _ = trained
+    with pytest.raises(ValueError):
+        model.update(test_f[:2], [1.0], ["t", "t"])
+    with pytest.raises(ValueError):
+        model.predict([np.ones((2, F + 1), np.float32)])
+
+
+# ------------------------------------------------------------------ persistence
+
+
+def test_save_load_round_trip(trained, tmp_path):
+    model, test_f, _ = trained
+    path = tmp_path / "model.json"
+    model.save(path)
+    meta = json.loads(path.read_text())
+    assert meta["format"] == "ansor.costmodel.XGBModel" and isinstance(meta["booster"], str)
+
+    loaded = XGBModel.load(path, n_threads=1)
+    assert loaded.num_records == 0 < loaded.num_warmup_sample  # trusted despite no local data
+    np.testing.assert_array_equal(loaded.predict(test_f), model.predict(test_f))
+
+    # The loaded booster is kept until local data pass the warm-up size.
+    f, c = _dataset(20, seed=12)
+    loaded.num_warmup_sample = 100
+    loaded.update(f, c, ["t"] * 20)
+    np.testing.assert_array_equal(loaded.predict(test_f), model.predict(test_f))
+
+
+def test_save_before_training_loads_an_untrained_model(tmp_path):
+    path = tmp_path / "m.json"
+    XGBModel(num_warmup_sample=7, seed=5).save(path)
+    loaded = XGBModel.load(path)
+    assert loaded.booster is None and loaded.num_warmup_sample == 7 and loaded.seed == 5
+    pred = loaded.predict(_programs(5, seed=13))
+    assert np.all((pred >= 0) & (pred < 1))
+
+
+def test_load_rejects_foreign_files(tmp_path):
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(ValueError):
+        XGBModel.load(path)
+
+
+# ------------------------------------------------------------------ speed
+
+
+def test_predicting_a_population_is_fast(trained):
+    model, _, _ = trained
+    population = _programs(2048, seed=14, max_rows=7)
+    model.predict(population[:8])
+    start = time.perf_counter()
+    pred = model.predict(population)
+    elapsed = time.perf_counter() - start
+    assert pred.shape == (2048,)
+    assert elapsed < 0.5  # typically ~0.01 s; loose bound for busy machines
+
+
+# ------------------------------------------------------------------ metrics
+
+
+def test_pairwise_accuracy_examples():
+    assert pairwise_accuracy([1, 2, 3], [10, 20, 30]) == 1.0
+    assert pairwise_accuracy([3, 2, 1], [10, 20, 30]) == 0.0
+    assert pairwise_accuracy([1, 3, 2], [10, 20, 30]) == pytest.approx(2 / 3)
+    assert pairwise_accuracy([1, 2, 3], [5, 5, 9]) == 1.0  # the tied pair is ignored
+    assert pairwise_accuracy([7, 7], [1, 2]) == 0.5  # a tie in the prediction is half right
+    assert math.isnan(pairwise_accuracy([1, 2], [3, 3]))
+    # Across groups nothing is compared: only (0,1) in "a" and (2,3) in "b".
+    assert pairwise_accuracy([1, 2, 9, 0], [1, 2, 3, 4], groups=["a", "a", "b", "b"]) == 0.5
+
+
+def test_pairwise_accuracy_matches_brute_force_on_large_input():
+    rng = np.random.default_rng(15)
+    p, t = rng.integers(0, 20, 700).astype(float), rng.integers(0, 20, 700).astype(float)
+    right = total = 0.0
+    for i in range(700):
+        m = t[i] > t
+        total += m.sum()
+        right += (m & (p[i] > p)).sum() + 0.5 * (m & (p[i] == p)).sum()
+    assert pairwise_accuracy(p, t) == pytest.approx(right / total)
+
+
+def test_topk_recall_examples():
+    true = [0.1, 0.9, 0.8, 0.2, 0.7]
+    assert topk_recall([0.0, 1.0, 0.9, 0.1, 0.8], true, 3) == 1.0
+    assert topk_recall([1.0, 0.0, 0.0, 0.9, 0.8], true, 3) == pytest.approx(1 / 3)
+    assert topk_recall([5, 4, 3, 2, 1], true, 1) == 0.0
+    assert topk_recall([1, 2], [1, 2], 10) == 1.0  # k clipped to the number of programs
+
+
+def test_r2_score_examples():
+    assert r2_score([1, 2, 3], [1, 2, 3]) == 1.0
+    assert r2_score([2, 2, 2], [1, 2, 3]) == 0.0
+    assert r2_score([3, 2, 1], [1, 2, 3]) == pytest.approx(-3.0)
+    assert r2_score([1, 1], [1, 1]) == 1.0 and r2_score([0, 1], [1, 1]) == 0.0
+
+
+def test_evaluate_split_reports_held_out_metrics():
+    f, c = _dataset(300, seed=16)
+    groups = ["a" if i % 2 else "b" for i in range(300)]
+    c = [x * (10 if g == "b" else 1) for x, g in zip(c, groups)]
+    f[0] = np.zeros((0, F), np.float32)
+    res = evaluate_split(f, c, groups, test_fraction=0.2, seed=0, k=5, model_kwargs={"n_threads": 1})
+    assert res["n_unusable"] == 1 and res["n_test"] == 60 and res["n_train"] == 239 and res["n_groups"] == 2
+    assert res["pairwise_accuracy"] > 0.75 and res["r2"] > 0.5 and 0.0 <= res["topk_recall"] <= 1.0
+    again = evaluate_split(f, c, groups, test_fraction=0.2, seed=0, k=5, model_kwargs={"n_threads": 1})
+    assert again["pairwise_accuracy"] == res["pairwise_accuracy"] and again["r2"] == res["r2"]  # seeded split
