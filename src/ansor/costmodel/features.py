@@ -151,7 +151,7 @@ _N_CONTEXT = 41  # group 1 after the op counts
 _N_BUFFER = len(_BUFFER_FIELDS)
 _GROUP2 = _N_BUFFER * MAX_BUFFERS
 # columns stored as they are: one-hots and is_gpu; everything else is log-scaled
-_RAW_COLUMNS = np.array([".k" in n or "_type.k" in n or n == "is_gpu" for n in FEATURE_NAMES])
+_RAW_COLUMNS = np.array(["_type.k" in n or n == "is_gpu" for n in FEATURE_NAMES])
 
 # op-count slots: float ops at 0..6, int ops at 7..13
 _ADDSUB, _MUL, _DIVMOD, _CMP, _MATH = 1, 2, 3, 4, 5
@@ -206,10 +206,11 @@ def _count_ops(value: E.Expr, counts: list[float], loads: list[ir.BufferLoad]) -
 
 
 class _Form:
-    """An integer index as sum(coef * loop var) + sum(coef * non-linear atom) + const, the
-    same canonical linear form as `arith.to_linear`, with variables keyed by identity."""
+    """An integer index as sum(coef * loop var) + sum(coef * non-linear atom) + const: the
+    canonical linear form of `arith.to_linear`, built in one pass with variables keyed by
+    identity (this runs for every index of every program the search scores)."""
 
-    __slots__ = ("coefs", "atoms", "const", "key")
+    __slots__ = ("coefs", "atoms", "const", "vids", "_key")
 
     def __init__(self, expr: E.Expr):
         coefs: dict[int, int] = {}
@@ -223,7 +224,7 @@ class _Form:
                 coefs[id(node)] = coefs.get(id(node), 0) + scale
             elif t is E.Const:
                 const += scale * node.value
-            elif t is E.BinOp and node.op in "+-*" and node.dtype in E.INT_DTYPES:
+            elif t is E.BinOp and node.op in _LINEAR_OPS and node.dtype in E.INT_DTYPES:
                 op = node.op
                 if op == "+":
                     stack.append((node.a, scale))
@@ -242,8 +243,22 @@ class _Form:
         self.coefs = {k: c for k, c in coefs.items() if c}
         self.atoms = atoms
         self.const = const
-        self.key = (tuple(sorted(self.coefs.items())), const,
-                    tuple((atom_key(a), c) for a, c, _ in atoms))
+        vids = set(self.coefs)
+        for _, _, atom_vids in atoms:
+            vids |= atom_vids
+        self.vids = vids
+        self._key: tuple | None = None
+
+    @property
+    def key(self) -> tuple:
+        """Structural identity (equal keys: the same index)."""
+        if self._key is None:
+            self._key = (tuple(sorted(self.coefs.items())), self.const,
+                         tuple((atom_key(a), c) for a, c, _ in self.atoms))
+        return self._key
+
+
+_LINEAR_OPS = ("+", "-", "*")
 
 
 def _atom(node: E.Expr, scale: int) -> tuple[E.Expr, int, frozenset]:
@@ -256,37 +271,42 @@ def _atom(node: E.Expr, scale: int) -> tuple[E.Expr, int, frozenset]:
 class _Loop:
     """An enclosing loop and what the statements inside it have touched so far."""
 
-    __slots__ = ("vid", "extent", "kind", "hint", "reg_bytes", "reg_elem_bytes", "reg_count",
-                 "ctx")
+    __slots__ = ("vid", "extent", "kind", "hint", "reg_bytes", "reg_elem_bytes", "stmts", "ctx")
 
     def __init__(self, loop: ir.For):
         self.vid = id(loop.var)
         self.extent = max(1, int(loop.extent))
         self.kind = loop.kind
         self.hint = loop.unroll_hint
-        self.reg_bytes = 0.0       # bytes each access touches over the whole loop, summed
-        self.reg_elem_bytes = 0.0  # bytes each access touches in one innermost iteration
-        self.reg_count: dict[int, int] = {}  # id(buffer) -> accesses inside this loop
+        self.reg_bytes = 0.0       # bytes each statement's buffers touch over the whole loop
+        self.reg_elem_bytes = 0.0  # bytes the statements' accesses touch in one iteration
+        self.stmts: list[dict[int, int]] = []  # per statement: id(buffer) -> distinct accesses
         self.ctx: tuple | None = None  # (group-1 annotation values, outer_prod, unroll product)
+
+    def accesses(self, bid: int) -> int:
+        return sum(s.get(bid, 0) for s in self.stmts)
 
 
 class _Access:
-    """All accesses of one buffer in one statement."""
+    """The accesses of one buffer in one statement (distinct index tuples)."""
 
-    __slots__ = ("buffer", "read", "write", "forms", "keys")
+    __slots__ = ("buffer", "read", "write", "forms")
 
     def __init__(self, buffer: ir.Buffer):
         self.buffer = buffer
         self.read = False
         self.write = False
         self.forms: list[tuple[_Form, ...]] = []
-        self.keys: set = set()
 
     def add(self, forms: tuple[_Form, ...]) -> None:
-        key = tuple(f.key for f in forms)
-        if key not in self.keys:
-            self.keys.add(key)
-            self.forms.append(forms)
+        for other in self.forms:
+            if other == forms or all(a.key == b.key for a, b in zip(other, forms)):
+                return
+        self.forms.append(forms)
+
+    def simple(self) -> bool:
+        """One affine index tuple: the fast path of region computation applies."""
+        return len(self.forms) == 1 and not any(f.atoms for f in self.forms[0])
 
 
 class _Row:
@@ -325,6 +345,13 @@ def _context(loops: list[_Loop]) -> tuple[list[float], float, float]:
     values += [0.0] + [float(gpu[a]) for a in _GPU_AXES] + [float(vthread)]
     hinted = [f.extent for f in loops if f.hint]
     return values, float(math.prod(f.extent for f in loops)), float(math.prod(hinted) if hinted else 0)
+
+
+def _prod_capped(span: list, shape: tuple[int, ...]) -> float:
+    size = 1.0
+    for s, e in zip(span, shape):
+        size *= s if s < e else e
+    return size
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,11 +405,15 @@ class _Extractor:
             top.ctx = _context(self.loops)
         return top.ctx
 
-    def form(self, index: E.Expr) -> _Form:
-        f = self.forms.get(id(index))
-        if f is None:
-            f = self.forms[id(index)] = _Form(index)
-        return f
+    def index_forms(self, indices: tuple[E.Expr, ...]) -> tuple[_Form, ...]:
+        memo = self.forms
+        out = []
+        for e in indices:
+            f = memo.get(id(e))
+            if f is None:
+                f = memo[id(e)] = _Form(e)
+            out.append(f)
+        return tuple(out)
 
     # --- one statement ----------------------------------------------------------------------
     def store(self, st: ir.Store) -> None:
@@ -394,40 +425,42 @@ class _Extractor:
         loads: list[ir.BufferLoad] = []
         _count_ops(st.value, counts, loads)
 
-        accesses: dict[int, _Access] = {}
-        acc = accesses[id(st.buffer)] = _Access(st.buffer)
+        acc = _Access(st.buffer)
         acc.write = True
-        form = self.form
-        acc.add(tuple(form(i) for i in st.indices))
+        acc.add(self.index_forms(st.indices))
+        accesses = {id(st.buffer): acc}
         for load in loads:
             acc = accesses.get(id(load.buffer))
             if acc is None:
                 acc = accesses[id(load.buffer)] = _Access(load.buffer)
             acc.read = True
-            acc.add(tuple(form(i) for i in load.indices))
+            acc.add(self.index_forms(load.indices))
 
-        # touched elements of every access at every loop level, registered with the loops
+        # bytes touched per loop level, registered with the loops for the reuse analysis
         mem_bytes = [0.0] * n
+        stmt_accesses: dict[int, int] = {}
+        elem_bytes = 0.0
         infos = []
-        for acc in accesses.values():
+        for bid, acc in accesses.items():
             elem = float(E.DTYPE_BYTES[acc.buffer.dtype])
-            touched, region = self.touched(acc)
-            mult = len(acc.forms)
-            bid = id(acc.buffer)
-            for i in range(n):
-                frame = loops[i]
-                frame.reg_bytes += touched[i] * elem * mult
-                frame.reg_elem_bytes += elem * mult
-                frame.reg_count[bid] = frame.reg_count.get(bid, 0) + mult
-                mem_bytes[i] += touched[i] * elem
+            region = self.touched(acc, elem, mem_bytes)
+            stmt_accesses[bid] = len(acc.forms)
+            elem_bytes += elem * len(acc.forms)
             infos.append((acc, elem, region))
+        for i in range(n):
+            frame = loops[i]
+            frame.reg_bytes += mem_bytes[i]
+            frame.reg_elem_bytes += elem_bytes
+            frame.stmts.append(stmt_accesses)
 
         feats = [self.access_features(acc, elem, region, outer_prod) for acc, elem, region in infos]
-        feats.sort(key=lambda f: (-f[5], -f[3]))  # stable: ties keep first-use order
+        if len(feats) > 1:
+            feats.sort(key=lambda f: (-f[5], -f[3]))  # stable: ties keep first-use order
         flat: list[float] = []
         for f in feats[:MAX_BUFFERS]:
             flat += f
-        flat += [0.0] * (_GROUP2 - len(flat))
+        if len(flat) < _GROUP2:
+            flat += [0.0] * (_GROUP2 - len(flat))
 
         row = self.rows.get(id(st.buffer))
         if row is None:
@@ -441,43 +474,52 @@ class _Extractor:
         row.curve = self.curve(sum(counts[:7]), mem_bytes)
         row.outer = [outer_prod, float(n), unroll_prod]
 
-    def touched(self, acc: _Access) -> tuple[list[float], list[float]]:
-        """Elements of the buffer touched when loops i..innermost sweep their ranges (outer
-        loops held), for every level i; and the per-dimension region over all loops."""
+    def touched(self, acc: _Access, elem: float, mem_bytes: list[float]) -> list[float]:
+        """Add to mem_bytes[i] the bytes of the buffer touched when loops i..innermost sweep
+        their ranges (outer loops held); return the per-dimension region over all loops."""
         loops, depth = self.loops, self.depth
         n = len(loops)
         shape = acc.buffer.shape
-        ndim = len(shape)
-        touched = [1.0] * n
-        if len(acc.forms) == 1 and not any(f.atoms for f in acc.forms[0]):
-            # the common case: one affine access; spans grow by |coef| * (extent - 1)
-            span = [1] * ndim
-            events: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        if acc.simple():
+            # one affine access: a dimension's span grows by |coef| * (extent - 1) per loop
+            span = [1] * len(shape)
+            events = []
             for d, f in enumerate(acc.forms[0]):
                 for vid, c in f.coefs.items():
                     p = depth.get(vid)
                     if p is not None:
-                        events[p].append((d, abs(c) * (loops[p].extent - 1)))
+                        events.append((p, d, abs(c) * (loops[p].extent - 1)))
+            events.sort(reverse=True)
+            k, m = 0, len(events)
             size = 1.0
             for i in range(n - 1, -1, -1):
-                if events[i]:
-                    for d, delta in events[i]:
-                        span[d] += delta
-                    size = 1.0
-                    for d in range(ndim):
-                        size *= min(span[d], shape[d])
-                touched[i] = size
-            return touched, [float(min(s, e)) for s, e in zip(span, shape)]
-        region = self.region_at(acc, 0 if n else -1)
+                if k < m and events[k][0] == i:
+                    while k < m and events[k][0] == i:
+                        span[events[k][1]] += events[k][2]
+                        k += 1
+                    size = _prod_capped(span, shape)
+                mem_bytes[i] += size * elem
+            return [float(s if s < e else e) for s, e in zip(span, shape)]
+        # several index tuples or non-linear terms: recompute the union where it changes
+        ranges = {f.vid: (0, 0) for f in loops}
+        moving = set()
+        for forms in acc.forms:
+            for f in forms:
+                moving.update(depth[v] for v in f.vids if v in depth)
+        region = self.region(acc, n, ranges)
+        size = math.prod(region)
         for i in range(n - 1, -1, -1):
-            touched[i] = float(math.prod(self.region_at(acc, i)))
-        return touched, region
+            ranges[loops[i].vid] = (0, loops[i].extent - 1)
+            if i in moving:
+                region = self.region(acc, i, ranges)
+                size = math.prod(region)
+            mem_bytes[i] += size * elem
+        return region
 
-    def region_at(self, acc: _Access, level: int) -> list[float]:
-        """Per-dimension extent of the union of the statement's accesses to a buffer when the
-        loops from `level` inward sweep their ranges (level -1: no loops)."""
+    def region(self, acc: _Access, level: int, ranges: dict) -> list[float]:
+        """Per-dimension extent of the union of a statement's accesses to one buffer when the
+        loops from `level` inward sweep their ranges (as given in `ranges`)."""
         loops, depth = self.loops, self.depth
-        ranges = {f.vid: ((0, f.extent - 1) if p >= level >= 0 else (0, 0)) for p, f in enumerate(loops)}
         out = []
         for d, size in enumerate(acc.buffer.shape):
             lo_all, hi_all = math.inf, -math.inf
@@ -486,7 +528,7 @@ class _Extractor:
                 lo = hi = f.const
                 for vid, c in f.coefs.items():
                     p = depth.get(vid)
-                    if p is not None and p >= level >= 0:
+                    if p is not None and p >= level:
                         delta = c * (loops[p].extent - 1)
                         if delta < 0:
                             lo += delta
@@ -500,24 +542,27 @@ class _Extractor:
                 lo_all = min(lo_all, lo)
                 hi_all = max(hi_all, hi)
             span = hi_all - lo_all + 1
-            out.append(float(min(span, size)) if span == span else float(size))
+            out.append(float(min(span, size)))
         return out
 
     def strides(self, acc: _Access) -> dict[int, int]:
         """Smallest nonzero flat-index stride of each loop variable over the accesses."""
         buf_strides = acc.buffer.strides()
-        best: dict[int, int] = {}
-        for forms in acc.forms:
+        if len(acc.forms) == 1:
             flat: dict[int, int] = {}
-            for f, s in zip(forms, buf_strides):
+            for f, s in zip(acc.forms[0], buf_strides):
                 for vid, c in f.coefs.items():
                     flat[vid] = flat.get(vid, 0) + c * s
                 for _, _, vids in f.atoms:
                     for vid in vids:
                         flat[vid] = flat.get(vid, 0) + s
-            for vid, c in flat.items():
-                c = abs(c)
-                if c and c < best.get(vid, math.inf):
+            return {vid: abs(c) for vid, c in flat.items() if c}
+        best: dict[int, int] = {}
+        for forms in acc.forms:
+            one = _Access(acc.buffer)
+            one.forms = [forms]
+            for vid, c in self.strides(one).items():
+                if c < best.get(vid, math.inf):
                     best[vid] = c
         return best
 
@@ -538,39 +583,44 @@ class _Extractor:
                 stride, found = s, i
                 break
             reduce_ratio *= loops[i].extent
-        lines = max(1.0, outer_prod / reduce_ratio * min(1.0, stride * elem / line))
-        inner_stride = float(stride) if found == n - 1 else 0.0
+        lines = outer_prod / reduce_ratio * min(1.0, stride * elem / line)
+        if lines < 1.0:
+            lines = 1.0
 
         bytes_ = outer_prod * elem
         unique_bytes = math.prod(region) * elem
         contiguous = elem
-        for r, size in zip(reversed(region), reversed(acc.buffer.shape)):
-            contiguous *= r
-            if r < size:
+        shape = acc.buffer.shape
+        for d in range(len(shape) - 1, -1, -1):
+            contiguous *= region[d]
+            if region[d] < shape[d]:
                 break
-        unique_lines = max(1.0, unique_bytes / min(contiguous, line))
+        unique_lines = unique_bytes / (contiguous if contiguous < line else line)
+        if unique_lines < 1.0:
+            unique_lines = 1.0
 
         reuse_type, dis_iter, dis_bytes, reuse_ct = self.reuse(acc)
         if reuse_ct > 0.5:
-            scaled = [bytes_ / reuse_ct, unique_bytes / reuse_ct, lines / reuse_ct, unique_lines / reuse_ct]
+            r = 1.0 / reuse_ct
         else:
-            scaled = [bytes_ * 2, unique_bytes * 2, lines * 2, unique_lines * 2]
-
+            r = 2.0  # no reuse: the reference's convention
         acc_type = _READ_WRITE if acc.read and acc.write else (_WRITE if acc.write else _READ)
         out = [0.0, 0.0, 0.0, bytes_, unique_bytes, lines, unique_lines, 0.0, 0.0, 0.0,
-               dis_iter, dis_bytes, reuse_ct] + scaled + [inner_stride]
+               dis_iter, dis_bytes, reuse_ct, bytes_ * r, unique_bytes * r, lines * r,
+               unique_lines * r, float(stride) if found == n - 1 else 0.0]
         out[acc_type] = 1.0
         out[7 + reuse_type] = 1.0
         return out
 
     def reuse(self, acc: _Access) -> tuple[int, float, float, float]:
         """(reuse type, distance in iterations, distance in bytes, count); see the module doc."""
-        used: set[int] = set()
-        for forms in acc.forms:
-            for f in forms:
-                used.update(f.coefs)
-                for _, _, vids in f.atoms:
-                    used.update(vids)
+        if len(acc.forms) == 1 and len(acc.forms[0]) == 1:
+            used = acc.forms[0][0].vids
+        else:
+            used = set()
+            for forms in acc.forms:
+                for f in forms:
+                    used |= f.vids
         bid = id(acc.buffer)
         dis_iter = 1.0
         dis_bytes = -1.0
@@ -579,7 +629,7 @@ class _Extractor:
                 if dis_bytes < 0:  # reuse at the innermost loop: one element per access
                     dis_bytes = frame.reg_elem_bytes
                 return _LOOP_REUSE, dis_iter, dis_bytes, float(frame.extent)
-            count = frame.reg_count.get(bid, 0)
+            count = frame.accesses(bid)
             if count > 1:
                 return _SERIAL_REUSE, dis_iter, frame.reg_bytes / frame.extent, float(count - 1)
             dis_iter *= frame.extent
@@ -592,16 +642,17 @@ class _Extractor:
             return [0.0] * CURVE_POINTS
         xs, ys = [], []
         ops = flops
-        for i in range(len(self.loops) - 1, -1, -1):
-            ops *= self.loops[i].extent
+        loops = self.loops
+        for i in range(len(loops) - 1, -1, -1):
+            ops *= loops[i].extent
             xs.append(math.log2(ops))
             ys.append(ops / max(mem_bytes[i], 1.0))
         out = []
-        pt = 0
+        pt, last = 0, len(xs) - 1
         top = xs[-1]
         for k in range(1, CURVE_POINTS + 1):
             x = top * k / CURVE_POINTS
-            while pt < len(xs) - 1 and xs[pt] < x - 1e-4:
+            while pt < last and xs[pt] < x - 1e-4:
                 pt += 1
             if pt == 0 or xs[pt] == xs[pt - 1]:
                 out.append(ys[pt])
@@ -618,16 +669,21 @@ class _Extractor:
             if alloc is not None:
                 size, prod, outer = alloc
                 row.alloc = [size, prod, outer, row.outer[0] / outer if outer else 0.0]
+            ctx = row.ctx
             if self.is_gpu:
-                row.ctx = list(row.ctx)
-                row.ctx[33] = 1.0  # is_gpu
+                ctx = list(ctx)
+                ctx[_IS_GPU] = 1.0
             names.append(row.name)
-            table.append(row.ops + row.ctx + row.buffers + row.curve + row.alloc + row.outer)
+            table.append(row.ops + ctx + row.buffers + row.curve + row.alloc + row.outer)
         if not table:
             return names, np.zeros((0, FEATURE_COUNT), dtype=np.float32)
-        x = np.asarray(table, dtype=np.float64)
-        scaled = np.sign(x) * np.log2(np.abs(x) + 1.0)
+        x = np.array(table, dtype=np.float64)
+        scaled = np.log2(np.abs(x) + 1.0)
+        np.copysign(scaled, x, out=scaled)
         return names, np.where(_RAW_COLUMNS, x, scaled).astype(np.float32)
+
+
+_IS_GPU = FEATURE_NAMES.index("is_gpu") - _N_OPS
 
 
 def extract_feature_rows(func: ir.PrimFunc, cache_line_bytes: int = 64) -> tuple[list[str], np.ndarray]:
@@ -643,12 +699,13 @@ def extract_features(func: ir.PrimFunc, cache_line_bytes: int = 64) -> np.ndarra
 
 
 def program_features(state, cache_line_bytes: int = 64) -> np.ndarray:
-    """Features of a complete State; a program that cannot be lowered has no rows."""
+    """Features of a complete State; a program that cannot be lowered has no rows (the
+    search drops it). Errors in extraction itself are bugs and propagate."""
     from ansor.lower.lower import lower
 
     try:
         func = lower(state)
-    except Exception:  # any lowering failure: the search drops the candidate
+    except Exception:
         return np.zeros((0, FEATURE_COUNT), dtype=np.float32)
     return extract_features(func, cache_line_bytes)
 

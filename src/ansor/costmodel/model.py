@@ -245,7 +245,8 @@ class XGBModel(CostModel):
         n = self.num_records
         if n <= self.num_warmup_sample:
             return  # predictions stay random (or come from a loaded model) until past warm-up
-        if self.adaptive_training and self.booster is not None and n - self._last_train_size < self._last_train_size / 5:
+        grew = n - self._last_train_size
+        if self.adaptive_training and self.booster is not None and grew < self._last_train_size / 5:
             return
         self._fit()
 

@@ -152,9 +152,52 @@ def _order_key(atom: E.Expr) -> str:
 
 def simplify(expr: E.Expr, ranges: Ranges | None = None) -> E.Expr:
     """Fold constants, normalize integer sums, and drop div/mod/min/max/conditions that the
-    variable ranges decide."""
+    variable ranges decide.
+
+    An integer sum-of-products subtree is normalized once as a whole (its atoms simplified
+    first), not at every level, which keeps simplification linear in the expression size.
+    """
     ranges = ranges or {}
-    return E.transform(expr, lambda node: _simplify_node(node, ranges))
+    memo: dict[int, E.Expr] = {}
+
+    def linear_of(node: E.Expr) -> Linear:
+        if isinstance(node, E.BinOp) and E.is_int(node.dtype) and node.op in ("+", "-", "*"):
+            a, b = linear_of(node.a), linear_of(node.b)
+            if node.op == "+":
+                return a.add(b)
+            if node.op == "-":
+                return a.add(b, -1)
+            if not a.terms:
+                return b.scale(a.const)
+            if not b.terms:
+                return a.scale(b.const)
+            prod = E.BinOp("*", from_linear(a, node.dtype), from_linear(b, node.dtype), node.dtype)
+            return Linear({atom_key(prod): (prod, 1)}, 0)
+        atom = go(node)
+        if isinstance(atom, E.Const) and E.is_int(atom.dtype):
+            return Linear({}, atom.value)
+        if isinstance(atom, E.BinOp) and E.is_int(atom.dtype) and atom.op in ("+", "-", "*"):
+            return to_linear(atom)
+        return Linear({atom_key(atom): (atom, 1)}, 0)
+
+    def go(node: E.Expr) -> E.Expr:
+        key = id(node)
+        if key in memo:
+            return memo[key]
+        if isinstance(node, E.BinOp) and E.is_int(node.dtype) and node.op in ("+", "-", "*"):
+            result = from_linear(linear_of(node), node.dtype)
+        else:
+            kids = node.children()
+            if kids:
+                new_kids = [go(c) for c in kids]
+                if any(n is not o for n, o in zip(new_kids, kids)):
+                    node = E.rebuild(node, new_kids)
+            out = _simplify_node(node, ranges)
+            result = node if out is None else out
+        memo[key] = result
+        return result
+
+    return go(expr)
 
 
 def _simplify_node(node: E.Expr, ranges: Ranges) -> E.Expr | None:
