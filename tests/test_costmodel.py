@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import time
 
 import numpy as np
 import pytest
 
-pytest.importorskip("xgboost")
+
 
 from ansor.costmodel.model import (  # noqa: E402
     RandomModel,
