@@ -1,0 +1,138 @@
+"""The benchmark suite: tune each workload and print ansor beside numpy (GEMM) and PyTorch eager
+and torch.compile, all measured in the same run.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/suite.py \\
+        --trials-matmul 1000 --trials 300 --json results.json --curve matmul1024.png
+
+`--compare sketch.random` also tunes every workload with random sampling of the same space at the
+same budget and prints the per-workload and geometric-mean speedup of the full tuner over it.
+`--only NAME ...` runs a subset; budgets can be scaled down with the two --trials options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import tempfile
+import time
+
+import ansor
+from ansor.baselines import time_numpy, time_torch
+from ansor.measure import check_outputs
+from ansor.workloads import WORKLOADS, make_task, workload_options
+
+# (label, workload name, shape, options)
+SUITE = [
+    ("matmul 512", "matmul", (512, 512, 512), {}),
+    ("matmul 1024", "matmul", (1024, 1024, 1024), {}),
+    ("batch_matmul 12x128x64@64x128", "batch_matmul", (12, 128, 128, 64), {}),
+    ("conv2d 64x56x56 3x3", "conv2d", (1, 64, 56, 56, 64, 3, 3), {"padding": 1}),
+    ("conv2d 256x14x14 3x3", "conv2d", (1, 256, 14, 14, 256, 3, 3), {"padding": 1}),
+    ("conv2d stem 7x7 s2", "conv2d", (1, 3, 224, 224, 64, 7, 7), {"stride": 2, "padding": 3}),
+    ("depthwise 128x56x56 3x3", "depthwise_conv2d", (1, 128, 56, 56, 3, 3), {"padding": 1}),
+    ("conv2d_transpose 512x4x4 k4 s2", "conv2d_transpose", (1, 512, 4, 4, 256, 4, 4), {"stride": 2, "padding": 1}),
+    ("norm2 1024x1024", "norm2", (1024, 1024), {}),
+    ("softmax 1536x128", "softmax", (1536, 128), {}),
+    ("layer_norm+gelu 4096x768", "layer_norm_gelu", (4096, 768), {}),
+    ("matmul 512 +bias+relu", "matmul_bias_relu", (512, 512, 512), {}),
+    ("conv2d+bias+relu 64x56x56", "conv2d_bias_relu", (1, 64, 56, 56, 64, 3, 3), {"padding": 1}),
+]
+
+
+def tune_and_time(name, shape, opts, trials, policy, seed):
+    task = make_task(name, shape, **opts)
+    db = os.path.join(tempfile.mkdtemp(), "suite.db")
+    t0 = time.time()
+    res = ansor.tune(task, trials=trials, database=db, seed=seed, policy=policy)
+    kernel = ansor.build(task, database=db)
+    inputs = task.random_inputs(seed=1)
+    out = kernel(*inputs)
+    problem = check_outputs(list(out) if isinstance(out, tuple) else [out], task.reference_outputs(inputs))
+    if problem:
+        raise AssertionError(f"{name}: built kernel is wrong: {problem}")
+    return task, inputs, kernel.time(*inputs), res, time.time() - t0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trials-matmul", type=int, default=1000)
+    p.add_argument("--trials", type=int, default=300)
+    p.add_argument("--policy", default="sketch.xgb")
+    p.add_argument("--compare", default=None, help="a second policy to tune with at the same budget")
+    p.add_argument("--only", nargs="*", default=None, help="labels or workload names to run")
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow to warm up)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None)
+    p.add_argument("--curve", default=None, help="PNG of the matmul 1024 tuning curves")
+    args = p.parse_args()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    print(f"# ansor suite; {platform.machine()} {os.cpu_count()} cores; commit {commit}; "
+          f"{time.strftime('%Y-%m-%d %H:%M')}; policy {args.policy}"
+          + (f" vs {args.compare}" if args.compare else ""))
+    results = []
+    for label, name, shape, opts in SUITE:
+        if args.only and label not in args.only and name not in args.only:
+            continue
+        trials = args.trials_matmul if name == "matmul" else args.trials
+        task, inputs, sec, res, wall = tune_and_time(name, shape, opts, trials, args.policy, args.seed)
+        row = {"label": label, "workload": name, "shape": list(shape), "trials": trials, "flop": task.flop,
+               "ansor_s": sec, "tune_wall_s": wall, "curve": res.curve}
+        w = WORKLOADS[name]
+        if w.numpy_fn is not None and name in ("matmul", "batch_matmul", "matmul_bias_relu"):
+            row["numpy_s"] = time_numpy(w.numpy_fn, inputs).median
+        if w.torch_fn is not None:
+            o = workload_options(name, shape, **opts)
+            t = time_torch(w.torch_fn, o, inputs)
+            row["torch_s"] = t.median if t else None
+            if not args.no_compile:
+                try:
+                    t = time_torch(w.torch_fn, o, inputs, compiled=True)
+                    row["torch_compile_s"] = t.median if t else None
+                except Exception as exc:  # torch.compile needs a working toolchain
+                    row["torch_compile_error"] = str(exc)[:200]
+        if args.compare:
+            _, _, sec2, res2, _ = tune_and_time(name, shape, opts, trials, args.compare, args.seed)
+            row["compare_s"] = sec2
+            row["compare_curve"] = res2.curve
+        results.append(row)
+        _print_row(row, args.compare)
+    if args.compare and results:
+        ratios = [r["compare_s"] / r["ansor_s"] for r in results]
+        gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        print(f"geometric-mean speedup of {args.policy} over {args.compare}: {gm:.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    if args.curve:
+        mm = next((r for r in results if r["label"] == "matmul 1024"), None)
+        if mm:
+            from ansor.report import plot_curves
+
+            curves = {args.policy: mm["curve"]}
+            if "compare_curve" in mm:
+                curves[args.compare] = mm["compare_curve"]
+            plot_curves(curves, args.curve, "matmul 1024^3: best GFLOP/s vs trials")
+
+
+def _print_row(row: dict, compare: str | None) -> None:
+    flop = row["flop"]
+
+    def cell(key):
+        s = row.get(key)
+        return f"{s * 1e3:8.3f} ms {flop / s / 1e9:7.1f} GF/s" if s else " " * 24
+
+    line = f"{row['label']:32s} ansor {cell('ansor_s')}"
+    for key, name in (("numpy_s", "numpy"), ("torch_s", "torch"), ("torch_compile_s", "compile")):
+        if row.get(key):
+            line += f" | {name} {cell(key)} ratio {row[key] / row['ansor_s']:.2f}x"
+    if compare and row.get("compare_s"):
+        line += f" | {compare} {cell('compare_s')} speedup {row['compare_s'] / row['ansor_s']:.2f}x"
+    print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
