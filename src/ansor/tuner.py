@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 from ansor.database import Database, default_database_path
@@ -44,18 +45,31 @@ def open_database(database: Database | str | None) -> tuple[Database, bool]:
     return Database(database if database is not None else default_database_path()), True
 
 
-POLICIES = ("sketch.random", "basic")
+POLICIES = ("sketch.xgb", "sketch.random", "basic")
 
 
-def make_policy(policy: str | SearchPolicy, task: Task, seed: int | None) -> SearchPolicy:
-    """A policy object from its name: 'sketch.random' samples Ansor's sketch space at random;
-    'basic' is the first, template-like random search (kept for comparison)."""
+def model_path(db: Database, target_key: str) -> Path | None:
+    """Where the cost model of a database's target lives: beside the database file."""
+    if str(db.path) == ":memory:":
+        return None
+    p = Path(db.path)
+    return p.with_name(f"{p.stem}.{target_key}.costmodel.json")
+
+
+def make_policy(policy: str | SearchPolicy, task: Task, seed: int | None, cost_model=None) -> SearchPolicy:
+    """A policy object from its name: 'sketch.xgb' is Ansor's full search (sketches, evolution,
+    learned cost model); 'sketch.random' samples the sketch space at random; 'basic' is the
+    first, template-like random search (kept for comparison)."""
     if isinstance(policy, SearchPolicy):
         return policy
-    if policy == "sketch.random":
+    if policy in ("sketch.xgb", "sketch.random"):
         from ansor.search.sketch_policy import SketchPolicy
 
-        return SketchPolicy(task, seed)
+        if policy == "sketch.xgb" and cost_model is None:
+            from ansor.costmodel.model import XGBModel
+
+            cost_model = XGBModel(seed=seed if seed is not None else 43)
+        return SketchPolicy(task, seed, cost_model=cost_model if policy == "sketch.xgb" else None)
     if policy == "basic":
         from ansor.search.basic import RandomSearchPolicy
 
@@ -65,7 +79,7 @@ def make_policy(policy: str | SearchPolicy, task: Task, seed: int | None) -> Sea
 
 def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | str | None = None,
          target: Target | None = None, timeout: float = TUNE_DEFAULTS["timeout"], seed: int | None = None,
-         policy: str | SearchPolicy = "sketch.random", measures_per_round: int = TUNE_DEFAULTS["measures_per_round"],
+         policy: str | SearchPolicy = "sketch.xgb", measures_per_round: int = TUNE_DEFAULTS["measures_per_round"],
          timing: TimingPolicy | None = None, progress: bool = True,
          callback: Callable[[TuneResult], None] | None = None) -> TuneResult | list[TuneResult]:
     """Search for fast programs of one task (or several, sharing the trial budget).
@@ -87,7 +101,7 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
         results = [TuneResult(t) for t in task_list]
         budgets = _split_budget(trials, len(task_list))
         for t, res, budget in zip(task_list, results, budgets):
-            _tune_one(t, res, budget, db, timeout, seed, policy if single else "sketch.random", measures_per_round,
+            _tune_one(t, res, budget, db, timeout, seed, policy if single else "sketch.xgb", measures_per_round,
                       timing, progress, callback)
     finally:
         if owned:
@@ -106,7 +120,16 @@ def _tune_one(task: Task, res: TuneResult, budget: int, db: Database, timeout: f
     from ansor.report import TuneProgress
 
     start = time.time()
-    pol = make_policy(policy, task, seed)
+    model_file = model_path(db, task.target.key)
+    cost_model = None
+    if policy == "sketch.xgb" and model_file is not None and model_file.exists():
+        from ansor.costmodel.model import XGBModel
+
+        try:
+            cost_model = XGBModel.load(model_file)
+        except (OSError, ValueError):
+            cost_model = None  # an unreadable model is retrained from the records
+    pol = make_policy(policy, task, seed, cost_model)
     measured = db.measured_state_keys(task.workload_key, task.target.key)
     if measured:
         pol.preload(db.records(task.workload_key, task.target.key))
@@ -139,3 +162,6 @@ def _tune_one(task: Task, res: TuneResult, budget: int, db: Database, timeout: f
     finally:
         measurer.close()
         res.seconds = time.time() - start
+        model = getattr(pol, "cost_model", None)
+        if model is not None and model_file is not None and hasattr(model, "save"):
+            model.save(model_file)

@@ -57,10 +57,12 @@ Group 2 - buffer access (18 per buffer x 5 buffers = 90), columns B{k}.<field>, 
   Reuse analysis: the enclosing loops are scanned from the innermost outward. The first loop
   whose variable does not appear in the buffer's indices gives loop-multiple-read reuse: count
   = its extent, distance = product of the extents of the loops inside it, bytes = bytes the
-  statements of the next inner loop touch. Before that, a loop whose body accesses the buffer
-  more than once (several statements, or several distinct indices in one statement) gives
-  serial-multiple-read-write reuse: count = accesses - 1, distance = product of the extents of
-  the loops inside it, bytes = bytes its body touches in one iteration.
+  statements seen so far inside the next inner loop touch over that loop (one element per
+  access when the innermost loop carries the reuse). Before that, a loop whose body accesses
+  the buffer more than once (several statements seen so far, or several distinct indices in
+  one statement) gives serial-multiple-read-write reuse: count = accesses - 1, distance =
+  product of the extents of the loops inside it, bytes = bytes its body touches over the loop
+  divided by its extent.
 
 Group 3 - arithmetic intensity curve (10): arith_intensity_curve_0..9
   For each loop level from the innermost outward: float ops of the statement executed by that
@@ -100,13 +102,17 @@ Where this differs from the reference implementation
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from ansor.lower import ir
+from ansor.lower.lower import lower
 from ansor.te import expr as E
 from ansor.te.arith import atom_key, const_bounds
+
+if TYPE_CHECKING:
+    from ansor.schedule.state import State
 
 # ---------------------------------------------------------------------------------------------
 # layout
@@ -698,11 +704,9 @@ def extract_features(func: ir.PrimFunc, cache_line_bytes: int = 64) -> np.ndarra
     return extract_feature_rows(func, cache_line_bytes)[1]
 
 
-def program_features(state, cache_line_bytes: int = 64) -> np.ndarray:
+def program_features(state: State, cache_line_bytes: int = 64) -> np.ndarray:
     """Features of a complete State; a program that cannot be lowered has no rows (the
     search drops it). Errors in extraction itself are bugs and propagate."""
-    from ansor.lower.lower import lower
-
     try:
         func = lower(state)
     except Exception:
@@ -710,7 +714,7 @@ def program_features(state, cache_line_bytes: int = 64) -> np.ndarray:
     return extract_features(func, cache_line_bytes)
 
 
-def features_for_states(states: Sequence, cache_line_bytes: int = 64) -> list[np.ndarray]:
+def features_for_states(states: Sequence[State], cache_line_bytes: int = 64) -> list[np.ndarray]:
     """Features of many States; identical programs (same key) are extracted once."""
     memo: dict[str, np.ndarray] = {}
     out = []

@@ -120,7 +120,14 @@ class _Lowerer:
             scope = s.scope if s.attach != "root" or s.scope != "global" else "global"
             if s.attach != "root" and scope == "global":
                 scope = "local"
-            L.buffer = ir.Buffer(s.name, tuple(L.region_ext), op.dtype, scope, "temp")
+            shape = tuple(L.region_ext)
+            if s.layout is not None:
+                if s.attach != "root":
+                    raise ScheduleError(f"stage {s.name!r}: a stage stored in a tiled layout must be "
+                                        f"computed at the root")
+                dim, factor = s.layout
+                shape = _physical_shape(shape, dim, factor)
+            L.buffer = ir.Buffer(s.name, shape, op.dtype, scope, "temp")
         # loops
         root_ext = {a.name: e for a, e in zip(op.axes, L.region_ext)}
         root_ext.update({a.name: a.extent for a in op.reduce_axes})
@@ -198,8 +205,16 @@ class _Lowerer:
             P = self.info[pid]
             idx = [simplify(i - lo, self.ranges) if not (isinstance(lo, E.Const) and lo.value == 0) else i
                    for i, lo in zip(node.indices, P.region_lo)] if P.region_lo else list(node.indices)
+            if P.stage.layout is not None:
+                idx = self._physical(idx, P.stage.layout)
             return ir.BufferLoad(P.buffer, idx)
         return None
+
+    def _physical(self, idx: list, layout: tuple[int, int]) -> list:
+        """Logical indices -> indices into a buffer stored with one dimension tiled."""
+        dim, factor = layout
+        rest = [i for d, i in enumerate(idx) if d != dim]
+        return [simplify(idx[dim] // factor, self.ranges), *rest, simplify(idx[dim] % factor, self.ranges)]
 
     def _to_ir(self, expr: E.Expr, L: _StageLowering) -> E.Expr:
         value = E.substitute(expr, self._axis_map(L))
@@ -212,6 +227,8 @@ class _Lowerer:
         s = L.stage
         op = s.op
         out_idx = [simplify(L.axis_values[id(a)] - lo, self.ranges) for a, lo in zip(op.axes, L.region_lo)]
+        if s.layout is not None:
+            out_idx = self._physical(out_idx, s.layout)
         body = L.body
         if isinstance(body, E.Reduce):
             current = ir.BufferLoad(L.buffer, out_idx)
@@ -271,6 +288,11 @@ class _Lowerer:
         if s.auto_unroll_max_step > 0:
             _mark_auto_unroll(stmt, s.auto_unroll_max_step)
         return stmt
+
+
+def _physical_shape(shape: tuple[int, ...], dim: int, factor: int) -> tuple[int, ...]:
+    rest = [n for d, n in enumerate(shape) if d != dim]
+    return (-(-shape[dim] // factor), *rest, factor)
 
 
 def _reads_of(expr: E.Expr, tensor) -> list[E.TensorRead]:

@@ -48,6 +48,9 @@ def _print_stage(state, sid: int, indent: int, lines: list[str], canonical: bool
 def _body_str(st) -> str:
     op = st.op
     scope = f" ({st.scope})" if st.scope != "global" else ""
+    if st.layout is not None:
+        factor = "?" if st.layout[1] is None else st.layout[1]
+        scope += f" (stored with {op.axes[st.layout[0]].name} tiled by {factor})"
     axes = ", ".join(a.name for a in op.axes)
     body = op.body
     if isinstance(body, E.Reduce):

@@ -86,7 +86,7 @@ class Stage:
     current definition (cache and rfactor steps rewrite it)."""
 
     __slots__ = ("tensor", "op", "name", "iters", "root_iters", "relations", "attach",
-                 "auto_unroll_max_step", "scope", "origin")
+                 "auto_unroll_max_step", "scope", "origin", "layout")
 
     def __init__(self, tensor: Tensor, op, name: str, scope: str = "global", origin: str = ""):
         self.tensor = tensor
@@ -97,6 +97,7 @@ class Stage:
         self.relations: list[Split | Fuse] = []
         self.attach: tuple[str, str] | str = "root"  # "root" | "inline" | (stage name, iter name)
         self.auto_unroll_max_step = 0
+        self.layout: tuple[int, int | None] | None = None  # (dimension, tile factor) of the buffer
         self.root_iters = _root_iters(op)
         self.iters = list(self.root_iters)
 
@@ -175,7 +176,8 @@ class State:
 
     @property
     def concrete(self) -> bool:
-        return all(it.extent is not None for s in self.stages for it in s.iters)
+        return all(it.extent is not None for s in self.stages for it in s.iters) and \
+            all(s.layout is None or s.layout[1] is not None for s in self.stages)
 
     @property
     def infos(self) -> list[StageInfo]:
@@ -565,6 +567,26 @@ class State:
         self._infos = None
         self._record(RfactorStep(sid, idx, factor_axis))
         return sid
+
+    def transform_layout(self, stage: StageRef, dim: int, src_step_id: int, level: int) -> None:
+        """Store the stage's buffer with dimension `dim` tiled: the tile index outermost, the
+        position in the tile innermost (Ansor's layout rewrite). The tile follows an earlier
+        split: the product of its lengths from `level` on, so a consumer tiled by that split
+        reads the buffer contiguously."""
+        from ansor.schedule.steps import LayoutStep, SplitStep
+
+        sid, st = self._compute_stage(stage, "transform_layout")
+        if not 0 <= dim < len(st.op.shape):
+            raise ScheduleError(f"transform_layout on {st.name!r}: dimension {dim} out of range")
+        if self.is_output(sid):
+            raise ScheduleError(f"transform_layout on {st.name!r}: an output keeps its layout")
+        src = self._step(src_step_id, SplitStep)
+        if not 0 <= level < len(src.lengths):
+            raise ScheduleError(f"transform_layout on {st.name!r}: level {level} out of range")
+        tail = src.lengths[level:]
+        factor = None if any(n is None for n in tail) else math.prod(tail)
+        st.layout = (dim, factor)
+        self._record(LayoutStep(sid, dim, src_step_id, level))
 
     def _check_scope(self, scope: str, st: Stage) -> None:
         if scope not in SCOPES:

@@ -158,10 +158,21 @@ class RfactorStep(Step):
         return state.rfactor(self.stage_id, self.iter_id, self.factor_axis)
 
 
+@dataclass(frozen=True)
+class LayoutStep(Step):
+    TAG: ClassVar[str] = "LA"
+    dim: int
+    src_step_id: int
+    level: int
+
+    def apply(self, state: State):
+        return state.transform_layout(self.stage_id, self.dim, self.src_step_id, self.level)
+
+
 STEP_KINDS: dict[str, type[Step]] = {
     cls.TAG: cls for cls in (SplitStep, FollowSplitStep, FollowFusedSplitStep, FuseStep, ReorderStep,
                              AnnotateStep, PragmaStep, ComputeAtStep, ComputeInlineStep,
-                             ComputeRootStep, CacheReadStep, CacheWriteStep, RfactorStep)
+                             ComputeRootStep, CacheReadStep, CacheWriteStep, RfactorStep, LayoutStep)
 }
 
 

@@ -6,6 +6,7 @@ SEARCH_DEFAULTS: dict[str, object] = {
     # sketch generation
     "cpu_multi_level_tiling_structure": "SSRSRS",
     "cpu_fusion_levels": (1, 2),
+    "cpu_pack_reused_operands": True,     # also sketch copies of B-like inputs in a tiled layout
     # random annotation
     "max_innermost_split_factor": 64,     # innermost tile length bound
     "max_vectorize_size": 16,             # elements in a vectorized loop

@@ -51,6 +51,7 @@ class SketchContext:
     target: Target
     tiling_structure: str = "SSRSRS"
     fusion_levels: tuple[int, ...] = (1, 2)
+    pack_operands: bool = True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,12 +157,47 @@ def follow_tiling(state: State, consumer: int, split_ids: Sequence[int], n_split
     state.reorder(consumer, order + rest)
 
 
+def packable_operands(state: State, sid: int) -> list[int]:
+    """Inputs a tiled stage reads as X[..., reduce axis, innermost spatial axis] (B of a
+    matmul): stored tiled by the innermost tile, the reduction walks them contiguously."""
+    st = state.stages[sid]
+    axes, reduce_axes = st.op.axes, st.op.reduce_axes
+    if not axes or not reduce_axes:
+        return []
+    out = []
+    for node in E.walk(state.effective_body(sid)):
+        if not isinstance(node, E.TensorRead) or len(node.indices) < 2:
+            continue
+        pid = next(i for i, x in enumerate(state.stages) if x.tensor is node.tensor)
+        if not state.stages[pid].is_placeholder or pid in out:
+            continue
+        if node.indices[-1] is axes[-1] and any(node.indices[-2] is r for r in reduce_axes):
+            out.append(pid)
+    return out
+
+
+def with_packed_operands(state: State, sid: int, split_ids: Sequence[int]) -> State | None:
+    """A copy of the state where the packable inputs of stage `sid` are first copied into a
+    tiled layout that follows the stage's innermost spatial tile."""
+    operands = packable_operands(state, sid)
+    if not operands or not split_ids:
+        return None
+    s = state.copy()
+    src = split_ids[-1]  # the split of the innermost spatial axis
+    level = len(s.steps[src].lengths) - 1
+    reader = s.stages[sid].name
+    for pid in sorted(operands, reverse=True):
+        copy = s.cache_read(pid, "global", [s.stage_id(reader)])
+        s.transform_layout(copy, len(s.stages[copy].op.shape) - 1, src, level)
+    return s
+
+
 # ---------------------------------------------------------------------------------------------
 # the rules
 
 def _always_inline_cond(ctx, state: State, sid: int) -> Cond:
     st = state.stages[sid]
-    if st.is_placeholder or state.is_output(sid) or has_reduce(state, sid):
+    if st.is_placeholder or state.is_output(sid) or has_reduce(state, sid) or st.origin == "cache_read":
         return Cond.SKIP
     if st.attach != "root" or state.attached_to(st.name):
         return Cond.SKIP
@@ -250,6 +286,9 @@ def _tile_fusion(ctx, state: State, sid: int):
         n_spatial = len(split_ids)
         s.compute_at(sid, consumer, level * n_spatial - 1)
         out.append((s, sid - 1))
+        packed = with_packed_operands(s, sid, split_ids) if ctx.pack_operands else None
+        if packed is not None:
+            out.append((packed, sid + len(packed.stages) - len(s.stages) - 1))
     return out
 
 
@@ -262,8 +301,12 @@ def _tile_cond(ctx, state: State, sid: int) -> Cond:
 
 def _tile(ctx, state: State, sid: int):
     s = state.copy()
-    multi_level_tile(s, sid, ctx.tiling_structure)
-    return [(s, sid - 1)]
+    split_ids = multi_level_tile(s, sid, ctx.tiling_structure)
+    out = [(s, sid - 1)]
+    packed = with_packed_operands(s, sid, split_ids) if ctx.pack_operands else None
+    if packed is not None:
+        out.append((packed, sid + len(packed.stages) - len(s.stages) - 1))
+    return out
 
 
 def _skip_cond(ctx, state: State, sid: int) -> Cond:

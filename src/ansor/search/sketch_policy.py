@@ -31,7 +31,7 @@ class SketchPolicy(SearchPolicy):
         self.rng = random.Random(seed)
         self.cost_model = cost_model
         ctx = SketchContext(task.target, self.params["cpu_multi_level_tiling_structure"],
-                            tuple(self.params["cpu_fusion_levels"]))
+                            tuple(self.params["cpu_fusion_levels"]), self.params["cpu_pack_reused_operands"])
         self.sketches: list[Sketch] = generate_sketches(State(task.dag), ctx, custom_rules)
         if not self.sketches:
             raise ValueError(f"no sketch could be derived for task {task.name!r}")
