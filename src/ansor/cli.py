@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--policy", default="sketch.random",
                       help="search policy: sketch.random (default) or basic")
     tune.add_argument("--timeout", type=float, default=10.0, help="seconds before a kernel counts as hung")
-    tune.add_argument("--per-round", type=int, default=16, help="programs measured per round")
+    tune.add_argument("--per-round", type=int, default=64, help="programs measured per round")
     tune.add_argument("--stride", type=int, default=None)
     tune.add_argument("--padding", type=int, default=None)
     tune.add_argument("--dilation", type=int, default=None)

@@ -16,7 +16,7 @@ from ansor.target import Target
 from ansor.task import Task
 
 TUNE_DEFAULTS = {
-    "measures_per_round": 16,  # programs compiled and measured per round
+    "measures_per_round": 64,  # programs compiled and measured per round (the batch)
     "timeout": 10.0,           # seconds a kernel may run before it counts as hung
 }
 

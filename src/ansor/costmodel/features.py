@@ -714,9 +714,11 @@ def program_features(state: State, cache_line_bytes: int = 64) -> np.ndarray:
     return extract_features(func, cache_line_bytes)
 
 
-def features_for_states(states: Sequence[State], cache_line_bytes: int = 64) -> list[np.ndarray]:
-    """Features of many States; identical programs (same key) are extracted once."""
-    memo: dict[str, np.ndarray] = {}
+def features_for_states(states: Sequence[State], cache_line_bytes: int = 64,
+                        memo: dict[str, np.ndarray] | None = None) -> list[np.ndarray]:
+    """Features of many States; identical programs (same key) are extracted once. Pass a
+    `memo` that outlives the call to reuse features across search rounds."""
+    memo = {} if memo is None else memo
     out = []
     for state in states:
         key = state.key()

@@ -23,6 +23,7 @@ SEARCH_DEFAULTS: dict[str, object] = {
     "crossover_prob": 0.05,
     "sample_init_use_measured_ratio": 0.2,
     "eps_greedy": 0.05,
+    "feature_cache_size": 100_000,        # programs whose features are kept between rounds
     "mutation_weights": {"tile_size": 0.90, "auto_unroll": 0.04, "compute_location": 0.05, "parallel": 0.01},
 }
 

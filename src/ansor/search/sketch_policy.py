@@ -37,6 +37,8 @@ class SketchPolicy(SearchPolicy):
             raise ValueError(f"no sketch could be derived for task {task.name!r}")
         self.measured: list[tuple[float, State]] = []  # (cost, program) of successful measurements
         self.last_round: dict[str, float] = {}         # seconds per phase of the last round
+        self._feature_cache: dict = {}
+        self._timers = {"features": 0.0, "predict": 0.0}
 
     # --- sampling ---------------------------------------------------------------------------
     def sample(self, n: int, exclude: set[str] | None = None) -> list[State]:
@@ -64,11 +66,23 @@ class SketchPolicy(SearchPolicy):
             return self.sample(n, measured_keys)
         return self.search_round(n, measured_keys)
 
-    def score(self, states: Sequence[State]):
-        """Predicted fitness (higher is faster) of complete programs."""
+    def features(self, states: Sequence[State]) -> list:
+        """Program features, cached across rounds (evolution revisits many programs)."""
         from ansor.costmodel.features import features_for_states
 
-        return self.cost_model.predict(features_for_states(states))
+        if len(self._feature_cache) > self.params["feature_cache_size"]:
+            self._feature_cache.clear()
+        return features_for_states(states, memo=self._feature_cache)
+
+    def score(self, states: Sequence[State]):
+        """Predicted fitness (higher is faster) of complete programs."""
+        t0 = time.perf_counter()
+        feats = self.features(states)
+        t1 = time.perf_counter()
+        scores = self.cost_model.predict(feats)
+        self._timers["features"] += t1 - t0
+        self._timers["predict"] += time.perf_counter() - t1
+        return scores
 
     def search_round(self, n: int, measured_keys: set[str]) -> list[State]:
         """Evolve a fresh population plus the best measured programs; return n unmeasured
@@ -76,6 +90,7 @@ class SketchPolicy(SearchPolicy):
         from ansor.search.evolution import evolve
 
         p = self.params
+        self._timers = {"features": 0.0, "predict": 0.0}
         t0 = time.perf_counter()
         n_measured = min(len(self.measured), int(p["sample_init_use_measured_ratio"] * p["evolutionary_search_population"]))
         init = self.sample(p["evolutionary_search_population"] - n_measured, measured_keys)
@@ -100,7 +115,10 @@ class SketchPolicy(SearchPolicy):
                 break
             picks.append(st)
             chosen.add(st.key())
-        self.last_round = {"sample": t1 - t0, "evolve": t2 - t1, **{f"n_{k}": v for k, v in stats.items()}}
+        feat_s, pred_s = self._timers["features"], self._timers["predict"]
+        self.last_round = {"sample_s": t1 - t0, "features_s": feat_s, "predict_s": pred_s,
+                           "evolution_s": t2 - t1 - feat_s - pred_s, "total_s": time.perf_counter() - t0,
+                           **{f"children_{k}": v for k, v in stats.items()}}
         return picks
 
     # --- learning ---------------------------------------------------------------------------
@@ -110,9 +128,7 @@ class SketchPolicy(SearchPolicy):
             if r.ok:
                 self.measured.append((r.cost, r.state))
         if self.cost_model is not None and results:
-            from ansor.costmodel.features import features_for_states
-
-            feats = features_for_states([r.state for r in results])
+            feats = self.features([r.state for r in results])
             costs = [r.cost if r.ok else math.inf for r in results]
             self.cost_model.update(feats, costs, [self.task.workload_key] * len(results))
 
