@@ -59,3 +59,16 @@ def test_workloads_listing(capsys):
     assert main(["workloads"]) == 0
     out = capsys.readouterr().out
     assert "conv2d" in out and "N,C,H,W,O,KH,KW" in out
+
+
+def test_costmodel_eval_reports_ranking_quality(tmp_path, capsys):
+    db = str(tmp_path / "cm.db")
+    for argv in (["tune", "matmul", "--shape", "32,32,32"], ["tune", "conv2d", "--shape", "1,4,8,8,4,3,3"]):
+        assert main(argv + ["--trials", "16", "--database", db, "--quiet", "--no-baseline",
+                            "--policy", "sketch.random", "--per-round", "16"]) == 0
+    capsys.readouterr()
+    assert main(["costmodel", "eval", "--database", db]) == 0
+    out = capsys.readouterr().out
+    assert "32 programs of 2 workloads" in out
+    for word in ("pairwise_accuracy", "topk_recall", "r2"):
+        assert word in out

@@ -1,0 +1,123 @@
+"""Evolutionary search: mutations keep programs legal and tilings perfect; crossover mixes
+decisions of two parents; the search returns unmeasured programs, best predicted first; the
+full policy proposes batches and learns from measurements."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from ansor.costmodel.model import RandomModel, XGBModel
+from ansor.kernel import compile_state
+from ansor.measure import Builder
+from ansor.schedule.steps import PragmaStep, SplitStep
+from ansor.search.evolution import MUTATIONS, crossover, evolve, mutate_tile_size
+from ansor.search.sketch_policy import SketchPolicy
+from ansor.workloads import make_task
+
+
+@pytest.fixture(scope="module")
+def conv_policy():
+    task = make_task("conv2d", (1, 8, 12, 12, 8, 3, 3), padding=1)
+    return SketchPolicy(task, seed=0)
+
+
+def _split_products(state):
+    out = []
+    for s in state.steps:
+        if isinstance(s, SplitStep) and s.extent:
+            prod = 1
+            for n in s.lengths:
+                prod *= n
+            out.append((s.stage_id, s.iter_id, s.extent, s.extent % prod == 0))
+    return out
+
+
+def test_tile_size_mutation_preserves_perfect_tiling(conv_policy):
+    rng = random.Random(0)
+    for st in conv_policy.sample(30):
+        child = mutate_tile_size(st, rng, conv_policy.params)
+        assert child is not None
+        assert child.key() != st.key()
+        assert all(perfect for *_, perfect in _split_products(child))
+        for s in child.steps:
+            if isinstance(s, SplitStep) and s.lengths:
+                assert s.lengths[-1] <= conv_policy.params["max_innermost_split_factor"]
+
+
+@pytest.mark.parametrize("name", sorted(MUTATIONS))
+def test_every_mutation_yields_correct_programs(conv_policy, name, tmp_path):
+    rng = random.Random(1)
+    task = conv_policy.task
+    inputs = task.random_inputs(0)
+    expected = task.reference_outputs(inputs)[0]
+    builder = Builder(cache_dir=tmp_path)
+    made = 0
+    for st in conv_policy.sample(40):
+        child = MUTATIONS[name](st, rng, conv_policy.params)
+        if child is None:
+            continue
+        out = compile_state(task, child, builder=builder)(*inputs)
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+        made += 1
+        if made == 3:
+            break
+    assert made > 0, f"{name} never applied"
+
+
+def test_crossover_mixes_two_parents(conv_policy):
+    rng = random.Random(2)
+    pop = conv_policy.sample(40)
+    children = [(a, b, crossover(a, b, rng)) for a in pop[:15] for b in pop[:15] if a is not b]
+    made = [(a, b, c) for a, b, c in children if c is not None]
+    assert made
+    for a, b, c in made[:10]:
+        decisions = [i for i, s in enumerate(c.steps) if isinstance(s, (SplitStep, PragmaStep))]
+        assert all(c.steps[i] in (a.steps[i], b.steps[i]) for i in decisions)
+        assert c.key() not in (a.key(), b.key())
+
+
+def test_evolve_excludes_measured_and_orders_by_score(conv_policy):
+    rng = random.Random(3)
+    pop = conv_policy.sample(64)
+    measured = {s.key() for s in pop[:10]}
+
+    def score(states):  # prefer programs with many steps: any deterministic function will do
+        return np.array([len(s.steps) + (hash(s.key()) % 100) / 1000 for s in states], dtype=float)
+
+    best = evolve(pop, score, rng, conv_policy.params, measured, out_size=16, num_iters=2)
+    assert 0 < len(best) <= 16
+    scores = [sc for sc, _ in best]
+    assert scores == sorted(scores, reverse=True)
+    assert not {st.key() for _, st in best} & measured
+    assert len({st.key() for _, st in best}) == len(best)
+
+
+def test_search_round_with_a_model_proposes_unmeasured_programs():
+    task = make_task("matmul", (32, 32, 32))
+    policy = SketchPolicy(task, seed=4, cost_model=RandomModel(seed=1),
+                          params={"evolutionary_search_population": 64, "evolutionary_search_num_iters": 1})
+    measured = {s.key() for s in policy.sample(5)}
+    batch = policy.search_round(8, measured)
+    assert 0 < len(batch) <= 8
+    assert not {s.key() for s in batch} & measured
+    assert set(policy.last_round) >= {"sample_s", "features_s", "predict_s", "evolution_s"}
+
+
+def test_policy_learns_from_measurements():
+    from ansor.database import Record
+    from ansor.measurer import MeasureResult
+
+    task = make_task("matmul", (32, 32, 32))
+    model = XGBModel(num_warmup_sample=4)
+    policy = SketchPolicy(task, seed=5, cost_model=model, params={"evolutionary_search_population": 32})
+    states = policy.sample(12)
+    results = [MeasureResult(st, Record(task.workload_key, "t", st.steps_json(), st.key(), (1e-3 * (i + 1),), 0))
+               for i, st in enumerate(states)]
+    policy.update(results)
+    assert model.num_records == 12
+    assert len(policy.measured) == 12
+    scores = policy.score(states)
+    assert np.isfinite(scores).all()
