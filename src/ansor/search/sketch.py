@@ -39,7 +39,8 @@ class Sketch:
 
 @dataclass(frozen=True)
 class SketchRule:
-    """condition(policy_ctx, state, stage_id) -> Cond; apply(...) -> [(state, next_stage_id)]."""
+    """condition(ctx, state, stage_id) -> Cond; apply(ctx, state, stage_id) -> a list of
+    (state, next stage id) or (state, next stage id, note) where the note labels the variant."""
 
     name: str
     condition: Callable[["SketchContext", State, int], Cond]
@@ -237,7 +238,7 @@ def _rfactor(ctx, state: State, sid: int):
             order.remove(n_space)
             s.reorder(rf, order + [n_space])
         _mark_undecided(s, split_step)
-        out.append((s, rf - 1))
+        out.append((s, rf - 1, "outer piece" if piece == 0 else "inner piece, innermost"))
     return out
 
 
@@ -285,10 +286,11 @@ def _tile_fusion(ctx, state: State, sid: int):
         follow_tiling(s, consumer, split_ids, level)
         n_spatial = len(split_ids)
         s.compute_at(sid, consumer, level * n_spatial - 1)
-        out.append((s, sid - 1))
+        out.append((s, sid - 1, f"fused at level {level}"))
         packed = with_packed_operands(s, sid, split_ids) if ctx.pack_operands else None
         if packed is not None:
-            out.append((packed, sid + len(packed.stages) - len(s.stages) - 1))
+            out.append((packed, sid + len(packed.stages) - len(s.stages) - 1,
+                        f"fused at level {level}, inputs packed"))
     return out
 
 
@@ -302,10 +304,10 @@ def _tile_cond(ctx, state: State, sid: int) -> Cond:
 def _tile(ctx, state: State, sid: int):
     s = state.copy()
     split_ids = multi_level_tile(s, sid, ctx.tiling_structure)
-    out = [(s, sid - 1)]
+    out = [(s, sid - 1, "")]
     packed = with_packed_operands(s, sid, split_ids) if ctx.pack_operands else None
     if packed is not None:
-        out.append((packed, sid + len(packed.stages) - len(s.stages) - 1))
+        out.append((packed, sid + len(packed.stages) - len(s.stages) - 1, "inputs packed"))
     return out
 
 
@@ -347,8 +349,10 @@ def generate_sketches(state: State, ctx: SketchContext, custom_rules: Sequence[S
                     continue
                 name = st.stages[sid].name
                 results = rule.apply(ctx, st, sid)
-                for k, (new_state, next_sid) in enumerate(results):
-                    label = f"{rule.name}({name})" if len(results) == 1 else f"{rule.name}({name}, #{k + 1})"
+                for k, item in enumerate(results):
+                    new_state, next_sid = item[0], item[1]
+                    note = item[2] if len(item) > 2 else (f"#{k + 1}" if len(results) > 1 else "")
+                    label = f"{rule.name}({name}{', ' + note if note else ''})"
                     extra = [] if rule.name == "skip_stage" else [label]
                     next_work.append((new_state, next_sid, hist + extra))
                 if cond == Cond.APPLY_AND_SKIP_REST:
