@@ -17,7 +17,7 @@ from ansor import te
 from ansor.codegen import generate_source
 from ansor.lower import ir
 from ansor.lower.lower import lower
-from ansor.measure import DEFAULT_CFLAGS, Builder, KernelLibrary
+from ansor.measure import DEFAULT_CFLAGS
 from ansor.kernel import compile_state
 from ansor.te import expr as E
 from ansor.te.arith import simplify
@@ -105,7 +105,7 @@ def test_non_divisible_split_is_guarded(lengths, inner_to_outer, builder):
     check_add(task, s, builder)
 
 
-@pytest.mark.parametrize("lengths", [[7], [5, 2], [25]])
+@pytest.mark.parametrize("lengths", [[7], [5, 2], [4, 4]])
 def test_non_divisible_reduce_split_is_guarded(lengths, builder):
     """The guard of a reduce split belongs inside the reduce loops, never around the init."""
     task = gemm_relu_task()
@@ -176,6 +176,19 @@ def test_cache_write_buffer_is_the_tile(builder):
     s.compute_at(cache, "gemm", "j.0")
     buf = allocations(s)["gemm.local"]
     assert buf.shape == (2, 4) and buf.scope == "local"
+    check_gemm_relu(task, s, builder)
+
+
+@pytest.mark.parametrize("tile, physical", [(5, (4, 24, 5)), (6, (4, 24, 6))])  # 20 = 4 x 5
+def test_transform_layout_stores_the_tiled_copy(tile, physical, builder):
+    task = gemm_relu_task()
+    s = ansor.State(task.dag)
+    s.cache_read("B", "global", ["gemm"])
+    s.split("gemm", "j", [tile])                          # step 1
+    s.reorder("gemm", ["i", "j.0", "k", "j.1"])
+    s.transform_layout("B.global", 1, 1, 0)               # dimension 1 (j) tiled by `tile`
+    assert allocations(s)["B.global"].shape == physical
+    assert_well_scoped(lower(s).body)
     check_gemm_relu(task, s, builder)
 
 

@@ -3,7 +3,7 @@
 For each operator, hypothesis draws a random sequence of schedule primitives (split with
 divisible and non-divisible lengths, reorder, fuse, parallel/vectorize/unroll annotations,
 auto-unroll pragmas, compute_inline, compute_at, compute_root, cache_write + compute_at,
-cache_read + compute_at, rfactor). Each step is tried on a copy of the state; a step the library
+cache_read + compute_at, rfactor, transform_layout). Each step is tried on a copy of the state; a step the library
 rejects with ScheduleError (at the step, or when the state is lowered) is skipped, so what remains
 is a legal program. The program is compiled, run, and compared with numpy; its steps, serialized
 to JSON text and replayed, must give the same key (and the same C source, once the term-order
@@ -24,6 +24,7 @@ import ansor
 from ansor.codegen import generate_source
 from ansor.lower.lower import lower
 from ansor.schedule import steps_from_json
+from ansor.schedule.steps import SplitStep
 from helpers import KNOWN_BUGS, OPERATORS, run_and_check
 
 # 11 operators x 20 = 220 programs in CI; ANSOR_PROPERTY_EXAMPLES=500 for a deeper run and
@@ -169,6 +170,15 @@ def do_cache_read(data, s):
         s.compute_at(copy, reader, draw_iter(data, s, reader))
 
 
+def do_transform_layout(data, s):
+    sid = draw_stage(data, s, [i for i in loop_stages(s) if not s.is_output(i)])
+    splits = [n for n, step in enumerate(s.steps) if isinstance(step, SplitStep)]
+    src = pick(data, splits, "split step")
+    dim = data.draw(st.integers(0, len(s.stages[sid].op.shape) - 1), label="dimension")
+    level = data.draw(st.integers(0, len(s.steps[src].lengths) - 1), label="level")
+    s.transform_layout(sid, dim, src, level)
+
+
 def do_rfactor(data, s):
     reductions = [i for i in loop_stages(s) if s.stages[i].op.reduce_axes]
     sid = draw_stage(data, s, reductions or None)
@@ -195,6 +205,7 @@ ACTIONS = {
     "vectorize": do_vectorize, "unroll": do_unroll, "auto_unroll": do_auto_unroll,
     "compute_inline": do_inline, "compute_root": do_compute_root, "compute_at": do_compute_at,
     "cache_write": do_cache_write, "cache_read": do_cache_read, "rfactor": do_rfactor,
+    "transform_layout": do_transform_layout,
 }
 # weighted: splits create the iterators other steps act on; placements are where bugs hide
 ACTION_CHOICES = ["split", "split", "compute_at", "cache_write"] + list(ACTIONS)
