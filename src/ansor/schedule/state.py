@@ -146,6 +146,7 @@ class State:
         self.stages = [Stage(t, t.op, name) for t, name in zip(dag.tensors, dag.names)]
         self.steps: list = []
         self._infos: list[StageInfo] | None = None
+        self._key: str | None = None
 
     def copy(self) -> "State":
         new = State.__new__(State)
@@ -153,6 +154,7 @@ class State:
         new.stages = [s.copy() for s in self.stages]
         new.steps = list(self.steps)
         new._infos = self._infos
+        new._key = self._key
         return new
 
     # lookup --------------------------------------------------------------------------------
@@ -222,6 +224,7 @@ class State:
 
     def _record(self, step) -> None:
         self.steps.append(step)
+        self._key = None
 
     def _compute_stage(self, ref: StageRef, action: str) -> tuple[int, Stage]:
         sid = self.stage_id(ref)
@@ -611,10 +614,13 @@ class State:
         return cls(dag).apply_steps(steps)
 
     def key(self) -> str:
-        """Canonical text of the loop nest: equal keys mean the same program."""
-        from ansor.schedule.printer import state_to_str
+        """Canonical text of the loop nest: equal keys mean the same program (cached; every
+        primitive clears it)."""
+        if self._key is None:
+            from ansor.schedule.printer import state_to_str
 
-        return state_to_str(self, canonical=True)
+            self._key = state_to_str(self, canonical=True)
+        return self._key
 
     def __str__(self) -> str:
         from ansor.schedule.printer import state_to_str
