@@ -253,10 +253,6 @@ RUN_IN_SUBPROCESS = textwrap.dedent("""
 """)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG codegen/c.py CNames: names used by the generated C "
-                   "itself (timer locals t0/t1/r, libm functions, <math.h>/<stdbool.h>/<stdint.h> "
-                   "macros and typedefs, GNU keywords) are not reserved: the kernel fails to "
-                   "compile, or compiles and crashes (INFINITY, r)")
 @pytest.mark.parametrize("name, where", [
     ("t0", "input"), ("r", "input"), ("expf", "input"), ("int32_t", "input"), ("true", "input"),
     ("INFINITY", "input"), ("NAN", "input"), ("NULL", "input"), ("clock_gettime", "input"),
@@ -269,10 +265,6 @@ def test_names_of_the_generated_code_are_reserved(name, where, tmp_path):
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG te/arith.py _order_key: non-variable atoms sort by "
-                   "atom_key, which embeds id(var); the order of terms in simplified index "
-                   "expressions (and so the generated C text and its build-cache hash) depends on "
-                   "object addresses, and replaying the same steps can give different C source")
 def test_index_term_order_does_not_depend_on_object_addresses():
     def simplified(lower_address_name: str) -> str:
         first, second = E.Var("?"), E.Var("?")

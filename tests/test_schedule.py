@@ -127,9 +127,6 @@ def test_replay_of_a_different_dag_fails_cleanly():
         State.replay(other.dag, s.steps)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG steps.py step_from_json: field types are not checked, "
-                   "so a malformed record fails later with TypeError/AttributeError, not "
-                   "ScheduleError (ansor.build only skips records raising ScheduleError)")
 @pytest.mark.parametrize("bad", [["CI", None], ["PR", 2, 0, 4], ["FU", 2, 1],
                                  ["SP", 2, 0, 16, 4, True]])
 def test_mistyped_step_json_raises_schedule_error(bad):
@@ -181,8 +178,6 @@ def test_error_fuse_of_non_consecutive_iterators_names_stage():
     _expect_error(s, lambda s: s.fuse("gemm", ["row", "kred"]), "gemm")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG state.py State.fuse: the 'not consecutive' error gives "
-                   "iterator positions ([0, 2]), not the iterator names")
 def test_error_fuse_of_non_consecutive_iterators_names_iterators():
     s = fresh_gemm()
     _expect_error(s, lambda s: s.fuse("gemm", ["row", "kred"]), "gemm", "row", "kred")
@@ -199,8 +194,6 @@ def test_error_annotation_on_reduce_iterator(annotation):
     _expect_error(s, lambda s: s.annotate("gemm", "kred", annotation), "gemm", "kred")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG state.py State.annotate: the message says "
-                   "'cannot be paralleld' (f'{annotation}d')")
 def test_error_parallel_on_reduce_iterator_reads_well():
     s = fresh_gemm()
     msg = _expect_error(s, lambda s: s.annotate("gemm", "kred", "parallel"), "gemm", "kred")
@@ -373,9 +366,6 @@ def test_rfactor_factor_axis(factor_axis, split, builder):
     assert replayed.key() == s.key()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG state.py State.rfactor: leaf_expressions is given "
-                   "values for the reduce leaves only, so a split or fused spatial iterator of "
-                   "the stage raises KeyError (e.g. 'i.1')")
 def test_rfactor_after_spatial_split(builder):
     task = row_sum_task()
     s = State(task.dag)

@@ -17,9 +17,17 @@ from ansor.te.arith import const_bounds, simplify
 C_TYPES = {"float32": "float", "float64": "double", "int32": "int32_t", "int64": "int64_t", "bool": "bool"}
 STACK_LIMIT_BYTES = 64 * 1024  # larger attached buffers go to the heap
 
+# Names a generated kernel must never declare: C and GNU keywords, the types, macros and
+# functions of the headers it includes, and the libm functions it calls.
 _C_KEYWORDS = set("""auto break case char const continue default do double else enum extern float for
 goto if inline int long register restrict return short signed sizeof static struct switch typedef
-union unsigned void volatile while bool main number""".split())
+union unsigned void volatile while bool true false main asm typeof __asm__ __inline__ __restrict
+_Bool _Complex _Alignas _Alignof _Atomic _Generic _Noreturn _Static_assert _Thread_local
+int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t size_t intptr_t uintptr_t
+NULL INFINITY NAN HUGE_VAL HUGE_VALF EOF errno timespec clock_gettime CLOCK_MONOTONIC time clock
+malloc free aligned_alloc calloc realloc abort exit memcpy memset
+exp expf log logf sqrt sqrtf tanh tanhf erf erff fabs fabsf pow powf fmax fmaxf fmin fminf
+floor floorf ceil ceilf sin sinf cos cosf""".split())
 
 _PRELUDE = """\
 #include <math.h>
@@ -59,7 +67,7 @@ class CNames:
             base = re.sub(r"_+", "_", base).strip("_") or "v"
             if base[0].isdigit():
                 base = "v" + base
-            if base in _C_KEYWORDS or base.startswith("ansor_"):
+            if base in _C_KEYWORDS or base.startswith(("ansor_", "__")):
                 base = base + "_"
             cand, k = base, 1
             while cand in self.used:
@@ -213,12 +221,13 @@ class CCodegen:
         return (
             _PRELUDE
             + f"\nvoid {self.fname}({sig}) {{\n{body}\n}}\n\n"
-            + f"double {self.fname}_timed(long long number, {sig}) {{\n"
-            + "  struct timespec t0, t1;\n"
-            + "  clock_gettime(CLOCK_MONOTONIC, &t0);\n"
-            + f"  for (long long r = 0; r < number; ++r) {self.fname}({args});\n"
-            + "  clock_gettime(CLOCK_MONOTONIC, &t1);\n"
-            + "  return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);\n"
+            + f"double {self.fname}_timed(long long ansor_number, {sig}) {{\n"
+            + "  struct timespec ansor_t0, ansor_t1;\n"
+            + "  clock_gettime(CLOCK_MONOTONIC, &ansor_t0);\n"
+            + f"  for (long long ansor_r = 0; ansor_r < ansor_number; ++ansor_r) {self.fname}({args});\n"
+            + "  clock_gettime(CLOCK_MONOTONIC, &ansor_t1);\n"
+            + "  return (double)(ansor_t1.tv_sec - ansor_t0.tv_sec)"
+            + " + 1e-9 * (double)(ansor_t1.tv_nsec - ansor_t0.tv_nsec);\n"
             + "}\n"
         )
 

@@ -322,7 +322,8 @@ class State:
         if not ids:
             raise ScheduleError(f"fuse on stage {st.name!r}: give at least one iterator")
         if ids != list(range(ids[0], ids[0] + len(ids))):
-            raise ScheduleError(f"fuse on stage {st.name!r}: iterators {ids} are not consecutive")
+            names = ", ".join(st.iters[i].name for i in ids)
+            raise ScheduleError(f"fuse on stage {st.name!r}: iterators {names} are not consecutive loops")
         its = [st.iters[i] for i in ids]
         kinds = {it.kind for it in its}
         if len(kinds) > 1:
@@ -372,8 +373,9 @@ class State:
         if it.annotation != "none":
             raise ScheduleError(f"annotate {st.name}.{it.name}: already annotated {it.annotation}")
         if it.kind == "reduce" and annotation in ("parallel", "vectorize") + GPU_BINDINGS:
+            verb = {"parallel": "run in parallel", "vectorize": "vectorized"}.get(annotation, f"bound to {annotation}")
             raise ScheduleError(f"annotate {st.name}.{it.name}: a reduce iterator cannot be "
-                                f"{annotation}d (the reduction would race)")
+                                f"{verb} (the reduction would race)")
         st.iters[idx] = replace(it, annotation=annotation)
         self._record(AnnotateStep(sid, idx, annotation))
 
@@ -532,6 +534,7 @@ class State:
                                 f"range [0, {n_spatial}]")
         reduce_leaves = [i for i in st.iters if i.kind == "reduce"]
         factor_var = E.IterVar(it.name.replace(".", "_"), it.extent, "spatial")
+        spatial_leaves = {i.name: E.Var(i.name) for i in st.iters if i.kind != "reduce"}
         rf_spatial = [E.IterVar(a.name, a.extent, "spatial") for a in op.axes]
         rf_axes = list(rf_spatial)
         rf_axes.insert(factor_axis, factor_var)
@@ -542,7 +545,10 @@ class State:
                 v = E.IterVar(leaf.name.replace(".", "_") + "_r", leaf.extent, "reduce")
                 leaf_vars[leaf.name] = v
                 rest.append(v)
-        values, guards, _ = leaf_expressions(st, leaf_vars, {i.name: i.extent for i in st.root_iters})
+        values, guards, _ = leaf_expressions(st, {**spatial_leaves, **leaf_vars},
+                                             {i.name: i.extent for i in st.root_iters})
+        spatial_ids = {id(v) for v in spatial_leaves.values()}
+        guards = [g for g in guards if not any(id(v) in spatial_ids for v in E.free_vars(g))]
         red = op.body
         mapping: dict = dict(zip(op.axes, rf_spatial))
         for ax in red.axes:

@@ -187,10 +187,37 @@ def step_from_json(data: list) -> Step:
         raise ScheduleError(f"step {data[0]} takes {len(fs)} fields, got {len(args)}: {data!r}")
     values = []
     for f, v in zip(fs, args):
-        if isinstance(v, list):
-            v = tuple(v)
-        values.append(v)
+        checked = _check_field(str(f.type), v)
+        if checked is _BAD:
+            raise ScheduleError(f"step {data[0]}: field {f.name!r} should be {f.type}, got {v!r}")
+        values.append(checked)
     return cls(*values)
+
+
+_BAD = object()
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_field(kind: str, v):
+    """The value converted to the field's type, or _BAD (records come from files: trust nothing)."""
+    if kind == "int":
+        return v if _is_int(v) else _BAD
+    if kind == "int | None":
+        return v if v is None or _is_int(v) else _BAD
+    if kind == "str":
+        return v if isinstance(v, str) else _BAD
+    if kind == "bool":
+        return bool(v) if isinstance(v, bool) or v in (0, 1) else _BAD
+    if kind.startswith("tuple["):
+        if not isinstance(v, (list, tuple)):
+            return _BAD
+        allow_none = "None" in kind
+        ok = all(_is_int(x) or (allow_none and x is None) for x in v)
+        return tuple(v) if ok else _BAD
+    return v
 
 
 def steps_from_json(data: list) -> list[Step]:

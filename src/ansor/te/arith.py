@@ -144,7 +144,13 @@ def from_linear(lin: Linear, dtype: str = "int32") -> E.Expr:
 
 
 def _order_key(atom: E.Expr) -> str:
-    return atom.name if isinstance(atom, E.Var) else "~" + atom_key(atom)
+    """Terms sort by their printed text, so the same program always prints the same way
+    (never by object identity)."""
+    if isinstance(atom, E.Var):
+        return atom.name
+    from ansor.te.printer import expr_to_str
+
+    return "~" + expr_to_str(atom)
 
 
 # ---------------------------------------------------------------------------------------------
