@@ -4,11 +4,10 @@
 never go through `ansor.te.evaluate`, so a schedule bug cannot hide behind an evaluator bug).
 `run_and_check` compiles a State, runs it on random inputs and compares with the reference.
 
-`KNOWN_BUGS` lists open library bugs that the random programs of test_schedule_property.py would
-hit; each has a strict-xfail repro (named next to the flag), and the generator stays away from
-the bug while its flag is True. When a bug is fixed its repro passes and fails the suite as
-XPASS(strict): remove the xfail marker and set the flag here to False, so the property test
-covers the case again.
+A library bug found by these tests gets a minimal repro marked
+`@pytest.mark.xfail(strict=True, reason="BUG ...")`; if the random programs of
+test_schedule_property.py would hit it too, that generator steers around it (with a comment
+naming the repro) until the fix lands, so the suite stays green and the fix shows as XPASS.
 """
 
 from __future__ import annotations
@@ -22,17 +21,6 @@ import ansor
 from ansor import te
 from ansor.kernel import compile_state
 from ansor.measure import Builder
-
-KNOWN_BUGS = {
-    # state.py rfactor: leaf_expressions gets values for the reduce leaves only, so rfactor on a
-    # stage whose spatial iterators were split or fused raises KeyError
-    # (test_schedule.py::test_rfactor_after_spatial_split).
-    "rfactor_after_spatial_split": False,
-    # arith.py _order_key sorts non-variable atoms by atom_key, which contains id(var): the order
-    # of terms in generated index expressions depends on object addresses, so replaying the same
-    # steps can give different C text (test_lower_codegen.py::test_index_term_order_*).
-    "address_dependent_term_order": False,
-}
 
 RTOL = 1e-4
 ATOL_UNIT = 1e-5

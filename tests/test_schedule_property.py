@@ -6,8 +6,7 @@ auto-unroll pragmas, compute_inline, compute_at, compute_root, cache_write + com
 cache_read + compute_at, rfactor, transform_layout). Each step is tried on a copy of the state; a step the library
 rejects with ScheduleError (at the step, or when the state is lowered) is skipped, so what remains
 is a legal program. The program is compiled, run, and compared with numpy; its steps, serialized
-to JSON text and replayed, must give the same key (and the same C source, once the term-order
-bug in helpers.KNOWN_BUGS is fixed).
+to JSON text and replayed, must give the same key and the same C source.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from ansor.codegen import generate_source
 from ansor.lower.lower import lower
 from ansor.schedule import steps_from_json
 from ansor.schedule.steps import SplitStep
-from helpers import KNOWN_BUGS, OPERATORS, run_and_check
+from helpers import OPERATORS, run_and_check
 
 # 11 operators x 20 = 220 programs in CI; ANSOR_PROPERTY_EXAMPLES=500 for a deeper run and
 # ANSOR_PROPERTY_RANDOM=1 to draw new programs instead of the reproducible CI set.
@@ -183,10 +182,6 @@ def do_rfactor(data, s):
     reductions = [i for i in loop_stages(s) if s.stages[i].op.reduce_axes]
     sid = draw_stage(data, s, reductions or None)
     stage = s.stages[sid]
-    if KNOWN_BUGS["rfactor_after_spatial_split"]:
-        spatial = [it.name for it in stage.iters if it.kind == "spatial"]
-        if spatial != [a.name for a in stage.op.axes]:
-            raise NotApplicable("rfactor after a spatial split")
     reduce_ids = [i for i, it in enumerate(stage.iters) if it.kind == "reduce"]
     if len(reduce_ids) > 1 and data.draw(st.booleans(), label="fuse reduce axes"):
         s.fuse(sid, reduce_ids)
@@ -249,5 +244,4 @@ def test_random_schedule_matches_numpy(op_name, data, builder):
     replayed = ansor.State.replay(task.dag, steps_from_json(json.loads(text)))
     assert replayed.key() == s.key()
     assert replayed.steps_json() == s.steps_json()
-    if not KNOWN_BUGS["address_dependent_term_order"]:  # else only the order of terms may differ
-        assert generate_source(replayed, task.target)[0] == generate_source(s, task.target)[0]
+    assert generate_source(replayed, task.target)[0] == generate_source(s, task.target)[0]

@@ -161,6 +161,7 @@ def _tune_one(task: Task, res: TuneResult, budget: int, db: Database, timeout: f
                     callback(res)
     finally:
         measurer.close()
+        pol.close()
         res.seconds = time.time() - start
         model = getattr(pol, "cost_model", None)
         if model is not None and model_file is not None and hasattr(model, "save"):

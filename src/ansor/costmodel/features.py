@@ -715,15 +715,18 @@ def program_features(state: State, cache_line_bytes: int = 64) -> np.ndarray:
 
 
 def features_for_states(states: Sequence[State], cache_line_bytes: int = 64,
-                        memo: dict[str, np.ndarray] | None = None) -> list[np.ndarray]:
+                        memo: dict[str, np.ndarray] | None = None, extract=None) -> list[np.ndarray]:
     """Features of many States; identical programs (same key) are extracted once. Pass a
-    `memo` that outlives the call to reuse features across search rounds."""
+    `memo` that outlives the call to reuse features across search rounds, and `extract` (a
+    callable on a list of States, e.g. ParallelFeatures) to compute the misses elsewhere."""
     memo = {} if memo is None else memo
-    out = []
-    for state in states:
-        key = state.key()
-        feats = memo.get(key)
-        if feats is None:
-            feats = memo[key] = program_features(state, cache_line_bytes)
-        out.append(feats)
-    return out
+    keys = [state.key() for state in states]
+    missing: dict[str, State] = {}
+    for key, state in zip(keys, states):
+        if key not in memo and key not in missing:
+            missing[key] = state
+    if missing:
+        todo = list(missing.values())
+        found = extract(todo) if extract is not None else [program_features(s, cache_line_bytes) for s in todo]
+        memo.update(zip(missing.keys(), found))
+    return [memo[key] for key in keys]

@@ -107,23 +107,27 @@ def change_compute_locations(state: State, rng: random.Random) -> None:
             state.compute_at(sid, target, it)
 
 
-def annotate_parallel(state: State, rng: random.Random, max_degree: int) -> None:
-    """Fuse a sampled number of outer spatial loops of each root stage and run them in
-    parallel (at most up to where the degree first exceeds max_degree)."""
+def annotate_parallel(state: State, rng: random.Random, max_degree: int, min_degree: int = 1) -> None:
+    """Fuse outer spatial loops of each root stage and run them in parallel. How many is
+    sampled: at least enough for `min_degree` parallel iterations (when the loops have that
+    many), at most up to where the degree first exceeds `max_degree`."""
     for sid, st in enumerate(state.stages):
         if st.is_placeholder or st.attach != "root":
             continue
-        n, degree = 0, 1
+        degrees: list[int] = []
+        degree = 1
         for it in st.iters:
             if it.kind != "spatial" or it.annotation != "none":
                 break
-            n += 1
             degree *= it.extent
+            degrees.append(degree)
             if degree > max_degree or state.attached_to(st.name, it.name):
                 break
-        if n == 0:
+        if not degrees:
             continue
-        k = rng.randint(1, n)
+        enough = min(min_degree, degrees[-1])
+        k_min = next(k for k, d in enumerate(degrees, 1) if d >= enough)
+        k = rng.randint(k_min, len(degrees))
         state.fuse(sid, list(range(k)))
         state.parallel(sid, 0)
 
@@ -169,7 +173,8 @@ def annotate(sketch_steps: list, dag, rng: random.Random, params: dict, num_core
         s = fill_tile_sizes(dag, sketch_steps, rng, params["max_innermost_split_factor"])
         if not params["disable_change_compute_location"]:
             change_compute_locations(s, rng)
-        annotate_parallel(s, rng, params["parallel_degree_per_core"] * max(1, num_cores))
+        cores = max(1, num_cores)
+        annotate_parallel(s, rng, params["parallel_degree_per_core"] * cores, params["min_parallel_per_core"] * cores)
         annotate_unroll(s, rng, params["auto_unroll_max_step_choices"])
         annotate_vectorize(s, rng, params["max_vectorize_size"])
     except ScheduleError:

@@ -9,9 +9,10 @@ SEARCH_DEFAULTS: dict[str, object] = {
     "cpu_pack_reused_operands": True,     # also sketch copies of B-like inputs in a tiled layout
     # random annotation
     "max_innermost_split_factor": 64,     # innermost tile length bound
-    "max_vectorize_size": 16,             # elements in a vectorized loop
+    "max_vectorize_size": 64,             # elements in a vectorized loop (64 floats: 4 zmm registers)
     "auto_unroll_max_step_choices": (0, 16, 64, 512),
     "parallel_degree_per_core": 16,       # stop fusing outer loops beyond 16 x cores
+    "min_parallel_per_core": 4,           # fuse at least up to 4 x cores parallel iterations
     "disable_change_compute_location": False,
     # sampling
     "sample_init_min_population": 50,
@@ -24,6 +25,7 @@ SEARCH_DEFAULTS: dict[str, object] = {
     "sample_init_use_measured_ratio": 0.2,
     "eps_greedy": 0.05,
     "feature_cache_size": 100_000,        # programs whose features are kept between rounds
+    "feature_workers": 0,                 # processes extracting features (0: one per core)
     "mutation_weights": {"tile_size": 0.90, "auto_unroll": 0.04, "compute_location": 0.05, "parallel": 0.01},
 }
 

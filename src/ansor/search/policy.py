@@ -26,3 +26,6 @@ class SearchPolicy(ABC):
 
     def preload(self, records: Sequence) -> None:
         """Learn from records measured before this job (database Records). Default: nothing."""
+
+    def close(self) -> None:
+        """Release resources (worker processes). Default: nothing."""

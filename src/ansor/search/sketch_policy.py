@@ -38,6 +38,7 @@ class SketchPolicy(SearchPolicy):
         self.measured: list[tuple[float, State]] = []  # (cost, program) of successful measurements
         self.last_round: dict[str, float] = {}         # seconds per phase of the last round
         self._feature_cache: dict = {}
+        self._extractor = None  # ParallelFeatures, started on first use
         self._timers = {"features": 0.0, "predict": 0.0}
 
     # --- sampling ---------------------------------------------------------------------------
@@ -72,7 +73,11 @@ class SketchPolicy(SearchPolicy):
 
         if len(self._feature_cache) > self.params["feature_cache_size"]:
             self._feature_cache.clear()
-        return features_for_states(states, memo=self._feature_cache)
+        if self._extractor is None and self.params["feature_workers"] != 1:
+            from ansor.costmodel.parallel import ParallelFeatures
+
+            self._extractor = ParallelFeatures(self.task.dag, self.params["feature_workers"] or None)
+        return features_for_states(states, memo=self._feature_cache, extract=self._extractor)
 
     def score(self, states: Sequence[State]):
         """Predicted fitness (higher is faster) of complete programs."""
@@ -131,6 +136,12 @@ class SketchPolicy(SearchPolicy):
             feats = self.features([r.state for r in results])
             costs = [r.cost if r.ok else math.inf for r in results]
             self.cost_model.update(feats, costs, [self.task.workload_key] * len(results))
+
+    def close(self) -> None:
+        """Stop feature workers, if any were started."""
+        if self._extractor is not None:
+            self._extractor.close()
+            self._extractor = None
 
     def preload(self, records: Sequence) -> None:
         """Learn from earlier records of this task (a resumed or repeated job)."""
