@@ -263,11 +263,6 @@ def test_names_of_the_generated_code_are_reserved(name, where, tmp_path):
     run_named_kernel_in_subprocess(name, where, tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG codegen/c.py CNames: a fixed list of reserved names "
-                   "cannot cover every macro of the included headers and of GNU C (linux, unix, "
-                   "M_PI, INT32_MAX, EXIT_SUCCESS, RAND_MAX, CLOCKS_PER_SEC, FP_NAN, HUGE_VALL; "
-                   "'__linux__' loses its underscores and becomes 'linux'): the kernel fails to "
-                   "compile, or (HUGE_VALL) compiles and crashes; user names need a prefix")
 @pytest.mark.parametrize("name", ["linux", "unix", "M_PI", "INT32_MAX", "EXIT_SUCCESS", "RAND_MAX",
                                   "CLOCKS_PER_SEC", "FP_NAN", "HUGE_VALL", "__linux__"])
 def test_macro_names_of_the_headers_are_not_used(name, tmp_path):

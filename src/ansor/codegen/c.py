@@ -67,7 +67,7 @@ class CNames:
             base = re.sub(r"_+", "_", base).strip("_") or "v"
             if base[0].isdigit():
                 base = "v" + base
-            if base in _C_KEYWORDS or base.startswith(("ansor_", "__")):
+            if base in _C_KEYWORDS or base.startswith("ansor_") or _looks_like_macro(base):
                 base = base + "_"
             cand, k = base, 1
             while cand in self.used:
@@ -76,6 +76,15 @@ class CNames:
             self.used.add(cand)
             self.names[key] = cand
         return self.names[key]
+
+
+def _looks_like_macro(name: str) -> bool:
+    """Upper-case names of three or more characters (M_PI, INT32_MAX, HUGE_VALL, ...) and the
+    lower-case names GNU C predefines could be macros of the system headers: keep clear of
+    them. Short names like A, B, W stay as they are, for readability."""
+    if name.lower() in ("linux", "unix", "i386", "i686", "x86_64"):
+        return True
+    return name.upper() == name and any(c.isalpha() for c in name) and (len(name) >= 3 or "_" in name)
 
 
 def sanitize_identifier(name: str) -> str:
