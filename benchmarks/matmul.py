@@ -24,7 +24,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--shape", default="1024,1024,1024")
     p.add_argument("--trials", type=int, default=200)
-    p.add_argument("--policy", default="sketch.random")
+    p.add_argument("--policy", default="sketch.xgb")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--database", default=None, help="default: a fresh temporary database")
     p.add_argument("--curve", default=None, help="save the tuning curve as a PNG here")
