@@ -82,7 +82,8 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
          policy: str | SearchPolicy = "sketch.xgb", measures_per_round: int = TUNE_DEFAULTS["measures_per_round"],
          timing: TimingPolicy | None = None, progress: bool = True,
          callback: Callable[[TuneResult], None] | None = None) -> TuneResult | list[TuneResult]:
-    """Search for fast programs of one task (or several, sharing the trial budget).
+    """Search for fast programs of one task, or of several (which for now split the trial
+    budget evenly, in order; Ansor's gradient task scheduler is not built yet).
 
     Records are committed to the database after every round, so an interrupted job loses at
     most one round, and programs already in the database are never measured again.
@@ -101,7 +102,8 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
         results = [TuneResult(t) for t in task_list]
         budgets = _split_budget(trials, len(task_list))
         for t, res, budget in zip(task_list, results, budgets):
-            _tune_one(t, res, budget, db, timeout, seed, policy if single else "sketch.xgb", measures_per_round,
+            task_policy = policy if single or isinstance(policy, str) else "sketch.xgb"
+            _tune_one(t, res, budget, db, timeout, seed, task_policy, measures_per_round,
                       timing, progress, callback)
     finally:
         if owned:
