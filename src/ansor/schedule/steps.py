@@ -7,6 +7,7 @@ form is `[tag, fields...]`, after the tags of the reference Ansor log format.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
@@ -14,12 +15,13 @@ from ansor.schedule.state import ScheduleError, State
 
 
 @dataclass(frozen=True)
-class Step:
+class Step(ABC):
     TAG: ClassVar[str] = ""
     stage_id: int
 
-    def apply(self, state: State):  # pragma: no cover - every subclass overrides
-        raise NotImplementedError
+    @abstractmethod
+    def apply(self, state: State):
+        """Apply this step to the state (through the State primitive that records it)."""
 
     def to_json(self) -> list:
         out: list = [self.TAG]
