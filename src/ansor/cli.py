@@ -263,11 +263,24 @@ def cmd_show(args) -> int:
                 if best:
                     console.print(f"\n[bold]{r['workload_key']}[/] on {r['target_key']}: "
                                   f"{len(best[0].steps)} steps")
-                    console.print(_replay_text(r, best[0]))
+                    console.print(_replay_text(r, best[0]), markup=False, highlight=False)
     return 0
 
 
 def _replay_text(row: dict, record) -> str:
+    """The best program's loop nest when its workload can be rebuilt (named workloads), else
+    its steps."""
+    from ansor.lower.lower import schedule_text
+    from ansor.schedule.state import ScheduleError, State
+    from ansor.schedule.steps import steps_from_json
+    from ansor.workloads import dag_from_description
+
+    dag = dag_from_description(row.get("workload") or {})
+    if dag is not None and dag.workload_key == row["workload_key"]:
+        try:
+            return schedule_text(State.replay(dag, steps_from_json(record.steps)))
+        except ScheduleError:
+            pass
     return "\n".join(f"  {step}" for step in record.steps)
 
 
