@@ -6,8 +6,6 @@ import argparse
 import math
 import sys
 
-import numpy as np
-
 DESCRIPTION = """\
 ansor finds fast CPU kernels for tensor computations by search: it generates candidate
 programs (tilings, loop orders, parallel/vector/unroll choices), compiles and times each one,
@@ -124,22 +122,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    from ansor.database import DatabaseError
+    from ansor.schedule.state import ScheduleError
+
+    commands = {"tune": cmd_tune, "show": cmd_show, "workloads": cmd_workloads, "sketches": cmd_sketches,
+                "sample": cmd_sample, "costmodel": cmd_costmodel, "export": cmd_export, "import": cmd_import}
     try:
-        return {"tune": cmd_tune, "show": cmd_show, "workloads": cmd_workloads, "sketches": cmd_sketches,
-                "sample": cmd_sample, "costmodel": cmd_costmodel, "export": cmd_export,
-                "import": cmd_import}[args.command](args)
-    except (KeyError, ValueError, TypeError) as exc:
-        from ansor.database import DatabaseError  # noqa: F401 - a ValueError subclass or not
-
-        print(f"ansor: error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return commands[args.command](args)
+    except (KeyError, ValueError, TypeError, DatabaseError, ScheduleError, FileNotFoundError) as exc:
+        # bad input from the command line or a bad file: a one-line message, not a traceback
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"ansor: error: {message}", file=sys.stderr)
         return 2
-    except Exception as exc:
-        from ansor.database import DatabaseError
-
-        if isinstance(exc, DatabaseError):
-            print(f"ansor: error: {exc}", file=sys.stderr)
-            return 2
-        raise
 
 
 def cmd_workloads(args) -> int:
