@@ -87,10 +87,6 @@ def _looks_like_macro(name: str) -> bool:
     return name.upper() == name and any(c.isalpha() for c in name) and (len(name) >= 3 or "_" in name)
 
 
-def sanitize_identifier(name: str) -> str:
-    return CNames()(object(), name)
-
-
 class CCodegen:
     def __init__(self, func: ir.PrimFunc):
         self.func = func

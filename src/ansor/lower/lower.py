@@ -117,9 +117,8 @@ class _Lowerer:
         if id(s.tensor) in param_of:
             L.buffer = param_of[id(s.tensor)]
         else:
-            scope = s.scope if s.attach != "root" or s.scope != "global" else "global"
-            if s.attach != "root" and scope == "global":
-                scope = "local"
+            # a stage computed inside another loop gets a private buffer unless it asked for one
+            scope = "local" if s.attach != "root" and s.scope == "global" else s.scope
             shape = tuple(L.region_ext)
             if s.layout is not None:
                 if s.attach != "root":
@@ -251,7 +250,7 @@ class _Lowerer:
             guards_at.setdefault(level, []).append(g)
 
         def guarded(p: int, stmt: ir.Stmt) -> ir.Stmt:
-            cond = _conjunction(guards_at.get(p, []))
+            cond = E.all_of(guards_at.get(p, []))
             return stmt if cond is None else ir.IfThenElse(cond, stmt)
 
         def loop(p: int, inner: ir.Stmt) -> ir.Stmt:
@@ -311,13 +310,6 @@ def _union(bounds: list[tuple[E.Expr, E.Expr]]) -> tuple[E.Expr, E.Expr] | None:
         if dh.value > 0:
             hi = h2
     return lo, hi
-
-
-def _conjunction(conds: list[E.Expr]) -> E.Expr | None:
-    out = None
-    for c in conds:
-        out = c if out is None else E.Logical("and", (out, c))
-    return out
 
 
 def _mark_auto_unroll(stmt: ir.Stmt, max_step: int) -> int:

@@ -555,10 +555,7 @@ class State:
             mapping[ax] = values[ax.name] + ax.lo if ax.lo else values[ax.name]
         source = E.substitute(red.source, mapping)
         conds = [E.substitute(red.where, mapping)] if red.where is not None else []
-        conds += guards
-        where = None
-        for c in conds:
-            where = c if where is None else E.Logical("and", (where, c))
+        where = E.all_of(conds + guards)
         if not rest:  # the factored iterator was the whole reduction: the rf stage is elementwise
             body = source if where is None else E.Select(where, source, E.reduce_identity(red.combiner, source.dtype))
         else:

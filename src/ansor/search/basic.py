@@ -22,14 +22,20 @@ BASIC_DEFAULTS = {
 }
 
 
-def sample_basic_program(base: State, rng: random.Random, params: dict = BASIC_DEFAULTS) -> State:
-    s = base.copy()
+def inline_elementwise(s: State) -> None:
+    """Inline every strictly elementwise stage that is not an output into its consumers."""
     infos = s.infos
     for sid in reversed(range(len(s.stages))):
         st = s.stages[sid]
         if not st.is_placeholder and infos[sid].strictly_inlineable and not s.is_output(sid) \
                 and not s.attached_to(st.name):
             s.compute_inline(sid)
+
+
+def sample_basic_program(base: State, rng: random.Random, params: dict = BASIC_DEFAULTS) -> State:
+    s = base.copy()
+    infos = s.infos
+    inline_elementwise(s)
     for sid, st in enumerate(s.stages):
         if st.is_placeholder or st.attach != "root":
             continue
@@ -118,11 +124,7 @@ class RandomSearchPolicy(SearchPolicy):
 def default_schedule(task: Task) -> State:
     """The untuned program used when no record exists: inline, parallel outer loops."""
     s = State(task.dag)
-    infos = s.infos
-    for sid in reversed(range(len(s.stages))):
-        st = s.stages[sid]
-        if not st.is_placeholder and infos[sid].strictly_inlineable and not s.is_output(sid):
-            s.compute_inline(sid)
+    inline_elementwise(s)
     for sid, st in enumerate(s.stages):
         if st.is_placeholder or st.attach != "root":
             continue

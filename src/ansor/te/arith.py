@@ -296,12 +296,7 @@ def _fold_binop(op: str, a: E.Const, b: E.Const, dtype: str) -> E.Expr:
 
 
 def _simplify_int_binop(node: E.BinOp, ranges: Ranges) -> E.Expr | None:
-    op, dtype = node.op, node.dtype
-    if op in ("+", "-", "*"):
-        lin = to_linear(node)
-        if op == "*" and len(lin.terms) == 1 and next(iter(lin.terms.values()))[0] is node:
-            return None  # a non-linear product stays as it is
-        return from_linear(lin, dtype)
+    op, dtype = node.op, node.dtype  # + - * never get here: simplify() normalizes them whole
     if op in ("//", "%") and isinstance(node.b, E.Const) and node.b.value > 0:
         c = node.b.value
         lin = to_linear(node.a)

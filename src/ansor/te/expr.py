@@ -331,6 +331,14 @@ def compare(op: str, a: ExprLike, b: ExprLike) -> Expr:
     return Compare(op, a, b)
 
 
+def all_of(conds: Sequence[Expr]) -> Expr | None:
+    """The conjunction of conditions, or None when there are none."""
+    out = None
+    for c in conds:
+        out = c if out is None else Logical("and", (out, c))
+    return out
+
+
 def maximum(a: ExprLike, b: ExprLike) -> Expr:
     a, b, dtype = _unify(a, b)
     if dtype == "bool":
