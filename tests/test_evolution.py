@@ -121,3 +121,30 @@ def test_policy_learns_from_measurements():
     assert len(policy.measured) == 12
     scores = policy.score(states)
     assert np.isfinite(scores).all()
+
+
+def test_worker_breeding_matches_local_breeding(conv_policy):
+    """Children bred in worker processes are the ones bred here, and arrive with their features."""
+    from ansor.costmodel.features import program_features
+    from ansor.search.evolution import as_state, breed_locally
+    from ansor.search.workers import SearchWorkers
+
+    rng = random.Random(6)
+    pop = conv_policy.sample(48)
+    ops = ["tile_size", "auto_unroll", "parallel", "crossover"]
+    n = len(pop)
+    orders = [(ops[i % 4], pop[i % n], pop[(i * 7 + 3) % n] if i % 4 == 3 else None) for i in range(96)]
+    local = breed_locally(orders, 11, conv_policy.params)
+    workers = SearchWorkers(conv_policy.task.dag, n_workers=2, min_parallel=1)
+    memo: dict = {}
+    try:
+        remote = workers.breed(orders, 11, conv_policy.params, memo)
+    finally:
+        workers.close()
+    assert [c is None for c in local] == [c is None for c in remote]
+    made = [(a, b) for a, b in zip(local, remote) if a is not None]
+    assert len(made) > 40
+    for a, b in made:
+        assert a.key() == b.key() == as_state(b).key()
+    for _, b in made[:8]:
+        np.testing.assert_array_equal(memo[b.key()], program_features(as_state(b)))

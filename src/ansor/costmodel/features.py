@@ -718,7 +718,7 @@ def features_for_states(states: Sequence[State], cache_line_bytes: int = 64,
                         memo: dict[str, np.ndarray] | None = None, extract=None) -> list[np.ndarray]:
     """Features of many States; identical programs (same key) are extracted once. Pass a
     `memo` that outlives the call to reuse features across search rounds, and `extract` (a
-    callable on a list of States, e.g. ParallelFeatures) to compute the misses elsewhere."""
+    callable on a list of States, e.g. SearchWorkers) to compute the misses elsewhere."""
     memo = {} if memo is None else memo
     keys = [state.key() for state in states]
     missing: dict[str, State] = {}

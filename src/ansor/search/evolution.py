@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import heapq
 import random
-from dataclasses import replace
-from typing import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence, Union
 
 import numpy as np
 
@@ -179,20 +179,76 @@ def crossover(a: State, b: State, rng: random.Random) -> State | None:
 
 
 # ---------------------------------------------------------------------------------------------
+# breeding: an order names an operation and its parents; the work can run in any process
+
+@dataclass(eq=False)
+class Genome:
+    """A program as evolution handles it: its steps (what the operators edit) and its key.
+    Children bred in worker processes come back as Genomes; `as_state` replays the few that
+    are picked."""
+
+    dag: object
+    steps: tuple
+    state_key: str
+
+    def key(self) -> str:
+        return self.state_key
+
+
+Program = Union[State, Genome]
+Order = tuple  # (operation name, parent Program, other parent Program or None)
+BreedFn = Callable[[list, int], list]  # (orders, seed) -> children (State, Genome or None each)
+
+BREED_CHUNKS = 8  # orders are bred in this many chunks, each with its own seeded generator, so the
+                  # children do not depend on how many processes breed them
+
+
+def as_state(program: Program) -> State:
+    return program if isinstance(program, State) else State.replay(program.dag, program.steps)
+
+
+def breed_one(op: str, parent: Program, other: Program | None, rng: random.Random,
+              params: dict) -> State | None:
+    """Apply one operation (a mutation rule or "crossover") to its parents."""
+    if op == "crossover":
+        return crossover(parent, other, rng)
+    return MUTATIONS[op](parent, rng, params)
+
+
+def chunk_orders(orders: list) -> list[list]:
+    size = -(-len(orders) // BREED_CHUNKS) or 1
+    return [orders[i:i + size] for i in range(0, len(orders), size)]
+
+
+def breed_locally(orders: list, seed: int, params: dict) -> list[State | None]:
+    """Children of `orders`, in this process (the reference for the parallel breeder)."""
+    out: list[State | None] = []
+    for c, chunk in enumerate(chunk_orders(orders)):
+        rng = random.Random(seed * 1_000_003 + c)
+        out.extend(breed_one(op, p, o, rng, params) for op, p, o in chunk)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # the search
 
-def evolve(population: list[State], score: ScoreFn, rng: random.Random, params: dict,
+def evolve(population: list[Program], score: ScoreFn, rng: random.Random, params: dict,
            exclude: set[str], out_size: int, num_iters: int | None = None,
-           stats: dict | None = None) -> list[tuple[float, State]]:
-    """Evolve a population for a few generations; return the best (score, state) pairs whose
-    keys are not in `exclude` (already measured), best first."""
+           stats: dict | None = None, breed: BreedFn | None = None) -> list[tuple[float, Program]]:
+    """Evolve a population for a few generations; return the best (score, program) pairs whose
+    keys are not in `exclude` (already measured), best first.
+
+    Parents are drawn in this process (roulette wheel on the scores); `breed` turns the drawn
+    orders into children, in worker processes when given (default: here)."""
     num_iters = params["evolutionary_search_num_iters"] if num_iters is None else num_iters
+    breed = breed or (lambda orders, seed: breed_locally(orders, seed, params))
     pop_size = max(len(population), 1)
     weights = params["mutation_weights"]
     names = list(weights)
-    rule_w = np.array([weights[n] for n in names], dtype=float)
-    rule_w /= rule_w.sum()
-    heap: list[tuple[float, int, State]] = []
+    rule_cdf = np.cumsum(np.array([weights[n] for n in names], dtype=float))
+    rule_cdf /= rule_cdf[-1]
+    p_cross, p_mutate = params["crossover_prob"], params["evolutionary_search_mutation_prob"]
+    heap: list[tuple[float, int, Program]] = []
     in_heap: set[str] = set()
     counter = 0
     for gen in range(num_iters + 1):
@@ -219,28 +275,29 @@ def evolve(population: list[State], score: ScoreFn, rng: random.Random, params: 
         cumulative = np.cumsum(fitness / fitness.sum())
         last = len(population) - 1
 
-        def pick() -> State:  # roulette wheel: chance proportional to predicted fitness
+        def pick() -> Program:  # roulette wheel: chance proportional to predicted fitness
             return population[min(int(np.searchsorted(cumulative, rng.random())), last)]
 
-        children: list[State] = []
-        attempts = 0
-        while len(children) < pop_size and attempts < pop_size * 3:
-            attempts += 1
-            parent = pick()
-            r = rng.random()
-            if r < params["crossover_prob"]:
-                other = pick()
-                child = crossover(parent, other, rng)
-                kind = "crossover"
-            elif r < params["crossover_prob"] + params["evolutionary_search_mutation_prob"]:
-                rule = names[int(np.searchsorted(np.cumsum(rule_w), rng.random()))]
-                child = MUTATIONS[rule](parent, rng, params)
-                kind = rule
-            else:
-                child, kind = parent, "copy"
-            if stats is not None:
-                stats[kind] = stats.get(kind, 0) + (child is not None)
-            if child is not None:
-                children.append(child)
+        children: list[Program] = []
+        for _ in range(3):  # failed operations are re-drawn, at most twice
+            orders: list[Order] = []
+            while len(children) + len(orders) < pop_size:
+                parent = pick()
+                r = rng.random()
+                if r < p_cross:
+                    orders.append(("crossover", parent, pick()))
+                elif r < p_cross + p_mutate:
+                    orders.append((names[int(np.searchsorted(rule_cdf, rng.random()))], parent, None))
+                else:
+                    children.append(parent)
+                    if stats is not None:
+                        stats["copy"] = stats.get("copy", 0) + 1
+            if not orders:
+                break
+            for (op, _, _), child in zip(orders, breed(orders, rng.randrange(2**31))):
+                if stats is not None:
+                    stats[op] = stats.get(op, 0) + (child is not None)
+                if child is not None:
+                    children.append(child)
         population = children
     return [(sc, st) for sc, _, st in sorted(heap, key=lambda t: -t[0])]

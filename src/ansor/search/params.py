@@ -25,7 +25,8 @@ SEARCH_DEFAULTS: dict[str, object] = {
     "sample_init_use_measured_ratio": 0.2,
     "eps_greedy": 0.05,
     "feature_cache_size": 100_000,        # programs whose features are kept between rounds
-    "feature_workers": 0,                 # processes extracting features (0: one per core)
+    "search_workers": 0,                  # processes breeding children and extracting features
+                                          # (0: one per core; 1: all in the search process)
     "mutation_weights": {"tile_size": 0.90, "auto_unroll": 0.04, "compute_location": 0.05, "parallel": 0.01},
 }
 

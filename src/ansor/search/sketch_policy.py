@@ -38,7 +38,7 @@ class SketchPolicy(SearchPolicy):
         self.measured: list[tuple[float, State]] = []  # (cost, program) of successful measurements
         self.last_round: dict[str, float] = {}         # seconds per phase of the last round
         self._feature_cache: dict = {}
-        self._extractor = None  # ParallelFeatures, started on first use
+        self._workers = None  # SearchWorkers, started on first use
         self._timers = {"features": 0.0, "predict": 0.0}
 
     # --- sampling ---------------------------------------------------------------------------
@@ -61,6 +61,27 @@ class SketchPolicy(SearchPolicy):
             out.append(st)
         return out
 
+    def sample_population(self, n: int, exclude: set[str]) -> list:
+        """Like `sample`, but in the worker processes when there are any, with the programs'
+        features computed there too (they are all scored next)."""
+        workers = self.workers()
+        if workers is None or not workers._parallel(n):
+            return self.sample(n, exclude)
+        out: list = []
+        seen = set(exclude)
+        sketches = [tuple(s.steps) for s in self.sketches]
+        for _ in range(self.params["max_sample_tries"]):
+            want = n - len(out)
+            if want <= 0:
+                break
+            drawn = workers.sample(sketches, want + want // 8 + 8, self.rng.randrange(2**31), self.params,
+                                   self.task.target.num_cores, self._feature_cache)
+            for g in drawn:
+                if g is not None and g.key() not in seen and len(out) < n:
+                    seen.add(g.key())
+                    out.append(g)
+        return out
+
     # --- one round --------------------------------------------------------------------------
     def next_batch(self, n: int, measured_keys: set[str]) -> list[State]:
         if self.cost_model is None:
@@ -73,11 +94,27 @@ class SketchPolicy(SearchPolicy):
 
         if len(self._feature_cache) > self.params["feature_cache_size"]:
             self._feature_cache.clear()
-        if self._extractor is None and self.params["feature_workers"] != 1:
-            from ansor.costmodel.parallel import ParallelFeatures
+        return features_for_states(states, memo=self._feature_cache, extract=self.workers())
 
-            self._extractor = ParallelFeatures(self.task.dag, self.params["feature_workers"] or None)
-        return features_for_states(states, memo=self._feature_cache, extract=self._extractor)
+    def workers(self):
+        """The worker pool (None when the search runs in one process)."""
+        if self._workers is None and self.params["search_workers"] != 1:
+            from ansor.search.workers import SearchWorkers
+
+            self._workers = SearchWorkers(self.task.dag, self.params["search_workers"] or None)
+        return self._workers
+
+    def breed(self, orders: list, seed: int) -> list:
+        """Children for evolution, bred where their features are extracted."""
+        from ansor.search.evolution import breed_locally
+
+        workers = self.workers()
+        if workers is None:
+            return breed_locally(orders, seed, self.params)
+        t0 = time.perf_counter()
+        children = workers.breed(orders, seed, self.params, self._feature_cache)
+        self._timers["breed"] += time.perf_counter() - t0
+        return children
 
     def score(self, states: Sequence[State]):
         """Predicted fitness (higher is faster) of complete programs."""
@@ -91,19 +128,21 @@ class SketchPolicy(SearchPolicy):
 
     def search_round(self, n: int, measured_keys: set[str]) -> list[State]:
         """Evolve a fresh population plus the best measured programs; return n unmeasured
-        programs: the best predicted and an eps-greedy share of random ones."""
-        from ansor.search.evolution import evolve
+        programs: the best predicted and an eps-greedy share of random ones. The population
+        holds Genomes (steps and key) where programs came from workers; picks are replayed."""
+        from ansor.search.evolution import as_state, evolve
 
         p = self.params
-        self._timers = {"features": 0.0, "predict": 0.0}
+        self._timers = {"features": 0.0, "predict": 0.0, "breed": 0.0}
         t0 = time.perf_counter()
         n_measured = min(len(self.measured), int(p["sample_init_use_measured_ratio"] * p["evolutionary_search_population"]))
-        init = self.sample(p["evolutionary_search_population"] - n_measured, measured_keys)
+        init = self.sample_population(p["evolutionary_search_population"] - n_measured, measured_keys)
         best_measured = [st for _, st in sorted(self.measured, key=lambda t: t[0])[:n_measured]]
         t1 = time.perf_counter()
         n_random = int(p["eps_greedy"] * n)
         stats: dict = {}
-        ranked = evolve(init + best_measured, self.score, self.rng, p, measured_keys, out_size=2 * n, stats=stats)
+        ranked = evolve(init + best_measured, self.score, self.rng, p, measured_keys, out_size=2 * n, stats=stats,
+                        breed=self.breed)
         t2 = time.perf_counter()
         picks: list[State] = []
         chosen: set[str] = set()
@@ -111,18 +150,19 @@ class SketchPolicy(SearchPolicy):
             if len(picks) >= n - n_random:
                 break
             if st.key() not in chosen:
-                picks.append(st)
+                picks.append(as_state(st))
                 chosen.add(st.key())
         pool = [st for st in init if st.key() not in chosen and st.key() not in measured_keys]
         self.rng.shuffle(pool)
         for st in pool:
             if len(picks) >= n:
                 break
-            picks.append(st)
+            picks.append(as_state(st))
             chosen.add(st.key())
-        feat_s, pred_s = self._timers["features"], self._timers["predict"]
+        feat_s, pred_s, breed_s = self._timers["features"], self._timers["predict"], self._timers["breed"]
         self.last_round = {"sample_s": t1 - t0, "features_s": feat_s, "predict_s": pred_s,
-                           "evolution_s": t2 - t1 - feat_s - pred_s, "total_s": time.perf_counter() - t0,
+                           "breed_s": breed_s, "evolution_s": t2 - t1 - feat_s - pred_s - breed_s,
+                           "total_s": time.perf_counter() - t0,
                            **{f"children_{k}": v for k, v in stats.items()}}
         return picks
 
@@ -139,9 +179,9 @@ class SketchPolicy(SearchPolicy):
 
     def close(self) -> None:
         """Stop feature workers, if any were started."""
-        if self._extractor is not None:
-            self._extractor.close()
-            self._extractor = None
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
 
     def preload(self, records: Sequence) -> None:
         """Learn from earlier records of this task (a resumed or repeated job)."""

@@ -1,0 +1,162 @@
+"""Worker processes for the search's per-program work: breeding children and extracting their
+features. Both cost about a millisecond of Python per program (replay, lowering, features),
+and one search round handles about ten thousand programs, so they are spread over the cores.
+
+Workers receive the ComputeDAG once; after that only steps travel (pickled Step tuples, a
+few hundred bytes each) and features come back. A child is bred and featurized in the same
+worker, so it is replayed once; the search process keeps only its steps and key (a Genome).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+from concurrent.futures import ProcessPoolExecutor
+from typing import Sequence
+
+import numpy as np
+
+_WORKER_DAG = None
+
+
+def _init_worker(dag) -> None:
+    global _WORKER_DAG
+    _WORKER_DAG = dag
+
+
+def _extract_chunk(step_lists: list[tuple]) -> list[np.ndarray]:
+    from ansor.costmodel.features import FEATURE_COUNT, program_features
+    from ansor.schedule.state import ScheduleError, State
+
+    out = []
+    for steps in step_lists:
+        try:
+            state = State.replay(_WORKER_DAG, steps)
+        except ScheduleError:
+            out.append(np.zeros((0, FEATURE_COUNT), np.float32))
+            continue
+        out.append(program_features(state))
+    return out
+
+
+def _breed_chunk(args: tuple) -> list[tuple | None]:
+    """Children of one chunk of orders: (steps, key, features) or None where the operation
+    did not apply."""
+    from ansor.costmodel.features import program_features
+    from ansor.search.evolution import Genome, breed_one
+
+    orders, seed, params = args
+    rng = random.Random(seed)
+    out: list[tuple | None] = []
+    for op, parent_steps, other_steps in orders:
+        parent = Genome(_WORKER_DAG, parent_steps, "")
+        other = Genome(_WORKER_DAG, other_steps, "") if other_steps is not None else None
+        child = breed_one(op, parent, other, rng, params)
+        out.append(None if child is None else (tuple(child.steps), child.key(), program_features(child)))
+    return out
+
+
+def _sample_chunk(args: tuple) -> list[tuple | None]:
+    """Randomly annotated programs of the given sketches: (steps, key, features) or None."""
+    from ansor.costmodel.features import program_features
+    from ansor.search.annotate import annotate
+
+    sketches, count, seed, params, num_cores = args
+    rng = random.Random(seed)
+    out: list[tuple | None] = []
+    for _ in range(count):
+        state = annotate(rng.choice(sketches), _WORKER_DAG, rng, params, num_cores)
+        out.append(None if state is None else (tuple(state.steps), state.key(), program_features(state)))
+    return out
+
+
+def default_worker_count() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+class SearchWorkers:
+    """A pool of `n_workers` processes holding the task's DAG (work runs in this process when
+    there is one worker or only a little of it)."""
+
+    def __init__(self, dag, n_workers: int | None = None, min_parallel: int = 64):
+        self.dag = dag
+        self.n_workers = n_workers or default_worker_count()
+        self.min_parallel = min_parallel
+        self._pool: ProcessPoolExecutor | None = None
+
+    def _ensure_pool(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            # fork: no re-import of the user's __main__ (scripts need no main guard); the workers
+            # run only Python and numpy, never OpenMP, so forking a threaded parent is safe here
+            ctx = multiprocessing.get_context("fork")
+            self._pool = ProcessPoolExecutor(self.n_workers, mp_context=ctx, initializer=_init_worker,
+                                             initargs=(self.dag,))
+        return self._pool
+
+    def _parallel(self, n: int) -> bool:
+        return self.n_workers > 1 and n >= self.min_parallel
+
+    def __call__(self, states: Sequence) -> list[np.ndarray]:
+        """Features of many States (or Genomes)."""
+        from ansor.costmodel.features import program_features
+        from ansor.search.evolution import as_state
+
+        if not self._parallel(len(states)):
+            return [program_features(as_state(s)) for s in states]
+        lists = [tuple(s.steps) for s in states]
+        size = -(-len(lists) // (self.n_workers * 4))
+        chunks = [lists[i:i + size] for i in range(0, len(lists), size)]
+        out: list[np.ndarray] = []
+        for part in self._ensure_pool().map(_extract_chunk, chunks):
+            out.extend(part)
+        return out
+
+    def sample(self, sketches: list, count: int, seed: int, params: dict, num_cores: int,
+               memo: dict) -> list:
+        """`count` draws of random annotation (Genomes, None where annotation failed), spread
+        over the workers; their features go into `memo`."""
+        per = -(-count // (self.n_workers * 4))
+        jobs = [(sketches, min(per, count - i), seed * 1_000_003 + c, params, num_cores)
+                for c, i in enumerate(range(0, count, per))]
+        return self._collect(self._ensure_pool().map(_sample_chunk, jobs), memo)
+
+    def _collect(self, parts, memo: dict) -> list:
+        from ansor.search.evolution import Genome
+
+        out: list = []
+        for part in parts:
+            for item in part:
+                if item is None:
+                    out.append(None)
+                    continue
+                steps, key, feats = item
+                memo.setdefault(key, feats)
+                out.append(Genome(self.dag, steps, key))
+        return out
+
+    def breed(self, orders: list, seed: int, params: dict, memo: dict) -> list:
+        """Children of `orders` as Genomes (None where an operation did not apply); their
+        features go into `memo`, keyed by program key. Same children as `breed_locally`."""
+        from ansor.search.evolution import breed_locally, chunk_orders
+
+        if not self._parallel(len(orders)):
+            return breed_locally(orders, seed, params)
+        jobs = []
+        for c, chunk in enumerate(chunk_orders(orders)):
+            packed = [(op, tuple(p.steps), tuple(o.steps) if o is not None else None) for op, p, o in chunk]
+            jobs.append((packed, seed * 1_000_003 + c, params))
+        return self._collect(self._ensure_pool().map(_breed_chunk, jobs), memo)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
