@@ -113,83 +113,113 @@ def needs_rfactor(ctx: SketchContext, state: State, sid: int) -> bool:
 # ---------------------------------------------------------------------------------------------
 # actions
 
-def multi_level_tile(state: State, sid: int, structure: str) -> list[int]:
+def multi_level_tile(state: State, sid: int, structure: str, innermost: int | None = None) -> list[int]:
     """Split spatial iterators into #S pieces and reduce iterators into #R pieces (lengths
-    undecided), then order the pieces level by level. Returns the spatial split step ids."""
+    undecided), then order the pieces level by level. Within each spatial level the pieces
+    follow the op's axis order, except that spatial axis number `innermost` (if given) goes
+    last: the innermost loop is what gets vectorized. Returns the spatial split step ids, in
+    axis order."""
     st = state.stages[sid]
     n_s, n_r = structure.count("S"), structure.count("R")
-    space_levels: list[list[str]] = [[] for _ in range(n_s)]
-    reduce_levels: list[list[str]] = [[] for _ in range(n_r)]
+    space_levels: list[list[tuple[bool, str]]] = [[] for _ in range(n_s)]
+    reduce_levels: list[list[tuple[bool, str]]] = [[] for _ in range(n_r)]
     split_ids = []
+    n_spatial_seen = 0
     for it in list(st.iters):
-        levels, n = (space_levels, n_s) if it.kind == "spatial" else (reduce_levels, n_r)
+        spatial = it.kind == "spatial"
+        levels, n = (space_levels, n_s) if spatial else (reduce_levels, n_r)
+        last = spatial and n_spatial_seen == innermost
+        n_spatial_seen += spatial
         if n == 1:
-            levels[0].append(it.name)
+            levels[0].append((last, it.name))
             continue
-        if it.kind == "spatial":
+        if spatial:
             split_ids.append(len(state.steps))
         pieces = state.split(sid, it.name, [None] * (n - 1))
         for lv, p in enumerate(pieces):
-            levels[lv].append(p.name)
+            levels[lv].append((last, p.name))
     order: list[str] = []
     si = ri = 0
     for ch in structure:
         if ch == "S":
-            order += space_levels[si]
+            order += _level_order(space_levels[si])
             si += 1
         else:
-            order += reduce_levels[ri]
+            order += _level_order(reduce_levels[ri])
             ri += 1
     state.reorder(sid, order)
     return split_ids
 
 
-def follow_tiling(state: State, consumer: int, split_ids: Sequence[int], n_split: int) -> None:
-    """Tile a consumer's spatial loops like the producer's first n_split levels."""
+def _level_order(level: list[tuple[bool, str]]) -> list[str]:
+    """The loops of one tile level, the one marked last moved to the end (a stable sort)."""
+    return [name for _, name in sorted(level, key=lambda t: t[0])]
+
+
+def follow_tiling(state: State, consumer: int, split_ids: Sequence[int], n_split: int,
+                  innermost: int | None = None) -> None:
+    """Tile a consumer's spatial loops like the producer's first n_split levels (spatial axis
+    `innermost` last within each level, as in the producer)."""
     st = state.stages[consumer]
     spatial = [it for it in st.iters if it.kind == "spatial"]
-    levels: list[list[str]] = [[] for _ in range(n_split + 1)]
-    for it, src in zip(spatial, split_ids):
+    levels: list[list[tuple[bool, str]]] = [[] for _ in range(n_split + 1)]
+    for k, (it, src) in enumerate(zip(spatial, split_ids)):
         pieces = state.follow_split(consumer, it.name, src, n_split)
         for lv, p in enumerate(pieces):
-            levels[lv].append(p.name)
-    order = [name for level in levels for name in level]
+            levels[lv].append((k == innermost, p.name))
+    order = [name for level in levels for name in _level_order(level)]
     rest = [it.name for it in state.stages[consumer].iters if it.name not in set(order)]
     state.reorder(consumer, order + rest)
 
 
-def packable_operands(state: State, sid: int) -> list[int]:
-    """Inputs a tiled stage reads as X[..., reduce axis, innermost spatial axis] (B of a
-    matmul): stored tiled by the innermost tile, the reduction walks them contiguously."""
+def packable_operands(state: State, sid: int, innermost: int | None = None) -> list[tuple[int, int]]:
+    """Inputs worth copying into a tiled layout for a tiled stage whose innermost loop runs
+    over spatial axis number `innermost` (default: the last): inputs read with that axis as
+    one index and a reduction axis as another, like B[k, j] of a matmul or W[f, c, ry, rx] of
+    a convolution vectorized over f. Stored tiled along that dimension, the reduction walks
+    them contiguously. Returns (stage id, dimension) pairs."""
     st = state.stages[sid]
     axes, reduce_axes = st.op.axes, st.op.reduce_axes
     if not axes or not reduce_axes:
         return []
-    out = []
+    inner = axes[-1 if innermost is None else innermost]
+    out: list[tuple[int, int]] = []
     for node in E.walk(state.effective_body(sid)):
         if not isinstance(node, E.TensorRead) or len(node.indices) < 2:
             continue
         pid = next(i for i, x in enumerate(state.stages) if x.tensor is node.tensor)
-        if not state.stages[pid].is_placeholder or pid in out:
+        if not state.stages[pid].is_placeholder or any(p == pid for p, _ in out):
             continue
-        if node.indices[-1] is axes[-1] and any(node.indices[-2] is r for r in reduce_axes):
-            out.append(pid)
+        dims = [d for d, idx in enumerate(node.indices) if idx is inner]
+        if len(dims) == 1 and any(idx is r for idx in node.indices for r in reduce_axes):
+            out.append((pid, dims[0]))
     return out
 
 
-def with_packed_operands(state: State, sid: int, split_ids: Sequence[int]) -> State | None:
+def channel_axes(state: State, sid: int) -> list[int]:
+    """Spatial axes other than the last that could be the vectorized one, for stages where no
+    input can be packed along the last axis: axes along which some input can be (the output
+    channels of an NCHW convolution, where the last axis is the image width)."""
+    n = len(state.stages[sid].op.axes)
+    if packable_operands(state, sid):
+        return []
+    return [d for d in range(n - 1) if packable_operands(state, sid, d)]
+
+
+def with_packed_operands(state: State, sid: int, split_ids: Sequence[int],
+                         innermost: int | None = None) -> State | None:
     """A copy of the state where the packable inputs of stage `sid` are first copied into a
     tiled layout that follows the stage's innermost spatial tile."""
-    operands = packable_operands(state, sid)
+    operands = packable_operands(state, sid, innermost)
     if not operands or not split_ids:
         return None
     s = state.copy()
-    src = split_ids[-1]  # the split of the innermost spatial axis
+    src = split_ids[-1 if innermost is None else innermost]  # the split of the vectorized axis
     level = len(s.steps[src].lengths) - 1
     reader = s.stages[sid].name
-    for pid in sorted(operands, reverse=True):
+    for pid, dim in sorted(operands, reverse=True):
         copy = s.cache_read(pid, "global", [s.stage_id(reader)])
-        s.transform_layout(copy, len(s.stages[copy].op.shape) - 1, src, level)
+        s.transform_layout(copy, dim, src, level)
     return s
 
 
@@ -281,16 +311,18 @@ def _tile_fusion(ctx, state: State, sid: int):
     for level in ctx.fusion_levels:
         if ctx.tiling_structure[level - 1] != "S":
             continue
-        s = state.copy()
-        split_ids = multi_level_tile(s, sid, ctx.tiling_structure)
-        follow_tiling(s, consumer, split_ids, level)
-        n_spatial = len(split_ids)
-        s.compute_at(sid, consumer, level * n_spatial - 1)
-        out.append((s, sid - 1, f"fused at level {level}"))
-        packed = with_packed_operands(s, sid, split_ids) if ctx.pack_operands else None
-        if packed is not None:
-            out.append((packed, sid + len(packed.stages) - len(s.stages) - 1,
-                        f"fused at level {level}, inputs packed"))
+        for inner in [None] + (channel_axes(state, sid) if ctx.pack_operands else []):
+            s = state.copy()
+            split_ids = multi_level_tile(s, sid, ctx.tiling_structure, inner)
+            follow_tiling(s, consumer, split_ids, level, inner)
+            n_spatial = len(split_ids)
+            s.compute_at(sid, consumer, level * n_spatial - 1)
+            where = f"fused at level {level}" + ("" if inner is None else f", axis {inner} innermost")
+            if inner is None:
+                out.append((s, sid - 1, where))
+            packed = with_packed_operands(s, sid, split_ids, inner) if ctx.pack_operands else None
+            if packed is not None:
+                out.append((packed, sid + len(packed.stages) - len(s.stages) - 1, f"{where}, inputs packed"))
     return out
 
 
@@ -302,12 +334,17 @@ def _tile_cond(ctx, state: State, sid: int) -> Cond:
 
 
 def _tile(ctx, state: State, sid: int):
-    s = state.copy()
-    split_ids = multi_level_tile(s, sid, ctx.tiling_structure)
-    out = [(s, sid - 1, "")]
-    packed = with_packed_operands(s, sid, split_ids) if ctx.pack_operands else None
-    if packed is not None:
-        out.append((packed, sid + len(packed.stages) - len(s.stages) - 1, "inputs packed"))
+    out = []
+    for inner in [None] + (channel_axes(state, sid) if ctx.pack_operands else []):
+        s = state.copy()
+        split_ids = multi_level_tile(s, sid, ctx.tiling_structure, inner)
+        where = "" if inner is None else f"axis {inner} innermost"
+        if inner is None:
+            out.append((s, sid - 1, where))
+        packed = with_packed_operands(s, sid, split_ids, inner) if ctx.pack_operands else None
+        if packed is not None:
+            out.append((packed, sid + len(packed.stages) - len(s.stages) - 1,
+                        f"{where + ', ' if where else ''}inputs packed"))
     return out
 
 
