@@ -3,6 +3,7 @@ real vectorization (checked in the assembly), OpenMP and unroll pragmas."""
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -364,6 +365,157 @@ def test_vectorize_of_a_loop_with_inner_loops_is_not_simd(builder):
     source, _ = generate_source(s, task.target)
     assert "#pragma omp simd" not in source
     check_gemm_relu(task, s, builder)
+
+
+# ---------------------------------------------------------------------------------------------
+# float32 exp, erf, tanh, log go to the prelude's vectorizable versions: accurate over the whole
+# range (special values included) and really vectorized
+
+FLT_MIN = float(np.finfo(np.float32).tiny)
+
+
+def unary_kernel_output(fn, x: np.ndarray, builder) -> tuple[np.ndarray, str]:
+    """Y[i] = fn(X[i]) with the i loop split by 16 and the inner loop vectorized (omp simd)."""
+    n = len(x)
+    x = np.concatenate([x, np.ones(-n % 16, x.dtype)])
+    X = te.placeholder(x.shape, str(x.dtype), name="X")
+    task = ansor.Task([X, te.compute(x.shape, lambda i: fn(X[i]), name="Y")])
+    s = ansor.State(task.dag)
+    s.split("Y", "i", [16])
+    s.annotate("Y", "i.1", "vectorize")
+    kernel = compile_state(task, s, builder=builder)
+    try:
+        assert kernel.source.count("#pragma omp simd") == 1
+        return kernel(x)[:n], kernel.source
+    finally:
+        kernel.close()
+
+
+def kernel_body(source: str) -> str:
+    """The generated function, without the prelude."""
+    return source[source.index("\nvoid "):]
+
+
+def f32(*values) -> np.ndarray:
+    return np.array(values, dtype=np.float32)
+
+
+def ulp_error(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    """|actual - expected| in units of the float32 spacing at `expected` (a float64 array)."""
+    return np.abs(actual - expected) / np.spacing(np.abs(expected).astype(np.float32))
+
+
+def gelu_erf(x):
+    return 0.5 * x * (1.0 + te.erf(x * 0.70710678))
+
+
+def np_erf(x: np.ndarray) -> np.ndarray:
+    return np.array([math.erf(v) for v in x.astype(np.float64)])
+
+
+def test_float32_exp_is_accurate_over_the_whole_range(builder):
+    x = np.concatenate([np.linspace(-100.0, 88.7, 60_000, dtype=np.float32),
+                        f32(-np.inf, np.inf, np.nan, 0.0, -0.0, 1e-30, -87.3, -87.34, 88.72, 88.73,
+                            -103.9, -104.0, -1e30, 1e30)])
+    y, source = unary_kernel_output(te.exp, x, builder)
+    assert "ansor_expf(" in kernel_body(source)
+    with np.errstate(over="ignore"):
+        ref = np.exp(x.astype(np.float64))
+    normal = (ref >= FLT_MIN) & (ref <= np.finfo(np.float32).max)
+    assert normal.sum() > 50_000
+    assert ulp_error(y[normal], ref[normal]).max() <= 2.0      # measured 1.02 over every float
+    assert np.all(y[ref < FLT_MIN] == 0.0)                     # denormal results flush to zero
+    assert np.all(np.isposinf(y[ref > np.finfo(np.float32).max]))
+    neg_inf, pos_inf, nan, zero, neg_zero, tiny_arg = y[-14:-8]
+    assert neg_inf == 0.0 and pos_inf == np.inf and np.isnan(nan)
+    assert zero == neg_zero == tiny_arg == 1.0
+    assert y[-2] == 0.0 and y[-1] == np.inf                    # -1e30, 1e30
+
+
+def test_float32_log_is_accurate_over_the_whole_range(builder):
+    x = np.concatenate([np.exp(np.linspace(-103.0, 88.7, 60_000)).astype(np.float32),
+                        f32(1.0, 2.0, 0.5, FLT_MIN, 1e-40, 1e-45, np.finfo(np.float32).max)])
+    y, source = unary_kernel_output(te.log, x, builder)
+    assert "ansor_logf(" in kernel_body(source)
+    ref = np.log(x.astype(np.float64))
+    ok = x > 0
+    assert ulp_error(y[ok], ref[ok]).max() <= 1.5              # measured 0.83 over every float
+    y, _ = unary_kernel_output(te.log, f32(0.0, -0.0, -1.0, -np.inf, np.inf, np.nan, -1e-40), builder)
+    assert y[0] == y[1] == -np.inf and y[4] == np.inf
+    assert np.isnan(y[[2, 3, 5, 6]]).all()
+
+
+@pytest.mark.parametrize("name", ["erf", "tanh"])
+def test_float32_erf_and_tanh_are_accurate(name, builder):
+    fn, ref_fn = {"erf": (te.erf, np_erf), "tanh": (te.tanh, np.tanh)}[name]
+    x = np.concatenate([np.linspace(-10.0, 10.0, 40_001, dtype=np.float32),
+                        np.linspace(-1e-3, 1e-3, 2001, dtype=np.float32),
+                        f32(1e-30, -1e-30, 100.0, -100.0, 1e30, -1e30, 3.9, 7.9)])
+    y, source = unary_kernel_output(fn, x, builder)
+    assert f"ansor_{name}f(" in kernel_body(source)
+    ref = ref_fn(x.astype(np.float64))
+    err = np.abs(y - ref)
+    assert err.max() <= 1e-6                                    # measured 4.4e-7 over every float
+    small = (np.abs(x) <= 1e-3) & (x != 0)
+    assert (err[small] / np.abs(ref[small])).max() <= 1e-6     # relative accuracy near zero
+    assert np.array_equal(y[:40_001], -y[40_000::-1])          # odd
+    y, _ = unary_kernel_output(fn, f32(np.inf, -np.inf, np.nan, 0.0, -0.0), builder)
+    assert y[0] == 1.0 and y[1] == -1.0 and np.isnan(y[2])
+    assert y[3] == 0.0 and not np.signbit(y[3]) and y[4] == 0.0 and np.signbit(y[4])
+
+
+def test_float32_gelu_and_sigmoid_are_accurate(builder):
+    x = np.concatenate([np.linspace(-10.0, 10.0, 40_001, dtype=np.float32), f32(np.inf, np.nan)])
+    x64 = x.astype(np.float64)
+    y, _ = unary_kernel_output(gelu_erf, x, builder)
+    ref = 0.5 * x64[:-2] * (1.0 + np_erf(x64[:-2] / math.sqrt(2.0)))
+    assert (np.abs(y[:-2] - ref) / np.maximum(1.0, np.abs(ref))).max() <= 3e-6
+    assert y[-2] == np.inf and np.isnan(y[-1])
+
+    x = np.concatenate([np.linspace(-100.0, 100.0, 40_001, dtype=np.float32),
+                        f32(-np.inf, np.inf, np.nan)])
+    y, source = unary_kernel_output(te.sigmoid, x, builder)
+    assert "ansor_expf(" in kernel_body(source)
+    with np.errstate(over="ignore"):
+        ref = 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
+    ok = ref >= 1e-37
+    assert (np.abs(y[ok] - ref[ok]) / ref[ok]).max() <= 1e-6
+    assert np.all(y[ref < 1e-37] <= 1e-37)
+    assert y[-3] == 0.0 and y[-2] == 1.0 and np.isnan(y[-1])
+
+
+def test_float64_math_stays_on_libm(builder):
+    x = np.linspace(-5.0, 5.0, 64)
+    for fn, ref_fn, name in [(te.exp, np.exp, "exp"), (te.erf, np_erf, "erf"),
+                             (te.tanh, np.tanh, "tanh"), (te.log, np.log, "log")]:
+        arg = np.abs(x) + 0.1 if name == "log" else x
+        y, source = unary_kernel_output(fn, arg, builder)
+        body = kernel_body(source)
+        assert re.search(rf"\b{name}\(", body) and "ansor_" not in body.split("_timed")[0]
+        np.testing.assert_allclose(y, ref_fn(arg), rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", ["exp", "erf", "tanh", "log", "sigmoid", "gelu", "softmax_exp"])
+def test_float32_math_in_simd_loops_is_vectorized(name, tmp_path):
+    reg = vector_register()
+    X = te.placeholder((64, 64), name="X")
+    if name == "softmax_exp":                                   # exp(x - max) of a softmax row
+        k = te.reduce_axis(64, "k")
+        M = te.compute((64,), lambda i: te.max(X[i, k], axis=k), name="M")
+        Y = te.compute((64, 64), lambda i, j: te.exp(X[i, j] - M[i]), name="Y")
+    else:
+        fn = gelu_erf if name == "gelu" else getattr(te, name)
+        Y = te.compute((64, 64), lambda i, j: fn(X[i, j]), name="Y")
+    task = ansor.Task([X, Y])
+    s = ansor.State(task.dag)
+    s.annotate("Y", "j", "vectorize")
+    source, _ = generate_source(s, task.target, "vmath")
+    lines = simd_statement_lines(source)
+    assert len(lines) == 1 and "ansor_" in source.splitlines()[lines[0] - 1]
+    asm, report, c_path = compile_to_assembly(source, tmp_path)
+    assert_loop_vectorized(source, report, c_path, lines[0])
+    assert not re.search(r"\tcall\t\w*(exp|erf|tanh|log)f", asm), "a scalar libm call is left"
+    assert re.search(rf"\tvfmadd\d+ps\t.*%{reg}", asm), "no packed FMA on wide vector registers"
 
 
 # ---------------------------------------------------------------------------------------------
