@@ -46,8 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--trials", type=int, default=64, help="programs to measure (default 64)")
     tune.add_argument("--database", help="records database (default: $ANSOR_DB or the user cache)")
     tune.add_argument("--seed", type=int, default=None, help="random seed of the search")
-    tune.add_argument("--policy", default="sketch.random",
-                      help="search policy: sketch.random (default) or basic")
+    tune.add_argument("--policy", default="sketch.xgb",
+                      help="search policy: sketch.xgb (default: evolution guided by the learned cost "
+                           "model), sketch.random (random sampling of the sketches) or basic")
     tune.add_argument("--timeout", type=float, default=10.0, help="seconds before a kernel counts as hung")
     tune.add_argument("--per-round", type=int, default=64, help="programs measured per round")
     tune.add_argument("--stride", type=int, default=None)

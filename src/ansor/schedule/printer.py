@@ -31,8 +31,11 @@ def _print_stage(state, sid: int, indent: int, lines: list[str], canonical: bool
     if st.auto_unroll_max_step:
         lines.append(f"{pad}# {st.name}: auto_unroll_max_step = {st.auto_unroll_max_step}")
     inferred = extents.get(st.name)
+    fused_parts = _fused_parts(st) if canonical else {}
     for pos, it in enumerate(st.iters):
         ext = "?" if it.extent is None else (inferred[pos] if inferred else it.extent)
+        if it.name in fused_parts:  # equal fused extents can hide different loop orders
+            ext = f"{ext} = {fused_parts[it.name]}"
         kw = _KEYWORD.get(it.annotation, f"bind({it.annotation})")
         if canonical or ext != 1 or it.annotation != "none":
             name = f"{st.name}.{it.name}" if it.name in outer else it.name
@@ -43,6 +46,21 @@ def _print_stage(state, sid: int, indent: int, lines: list[str], canonical: bool
         for child in state.attached_to(st.name, it.name):
             _print_stage(state, child, indent, lines, canonical, outer, extents)
     lines.append(pad + _body_str(st))
+
+
+def _fused_parts(st) -> dict[str, str]:
+    """Fused iterator name -> the extents of the loops it fuses, e.g. "1*4*7"."""
+    from ansor.schedule.relations import iterator_extents
+
+    fuses = [rel for rel in st.relations if not hasattr(rel, "parent")]
+    if not fuses or st.op is None:
+        return {}
+    root = {a.name: a.extent for a in list(st.op.axes) + list(st.op.reduce_axes)}
+    try:
+        ext = iterator_extents(st, root)
+    except (KeyError, TypeError):  # undecided split lengths (a sketch)
+        return {}
+    return {rel.fused: "*".join(str(ext[c]) for c in rel.children) for rel in fuses}
 
 
 def _body_str(st) -> str:

@@ -32,8 +32,15 @@ def factorizations(extent: int, n: int, max_innermost: int) -> tuple[tuple[int, 
 
 
 def sample_factors(extent: int, n: int, rng: random.Random, max_innermost: int = 64) -> tuple[int, ...]:
-    """A uniformly drawn perfect tiling of `extent` into n inner lengths."""
-    return rng.choice(factorizations(extent, n, max_innermost))
+    """A random perfect tiling of `extent` into n inner lengths: the innermost length drawn
+    uniformly among the allowed divisors, then the outer lengths uniformly among the tilings
+    of what is left. (Drawing uniformly among all tilings, as Ansor does, makes an innermost
+    length of 1 the most likely: small extents have the most tilings. The innermost loop is
+    the vectorized one, so that bias starves the search of vector-width tiles.)"""
+    if n == 0:
+        return ()
+    inner = rng.choice([d for d in divisors(extent) if d <= max_innermost])
+    return rng.choice(factorizations(extent // inner, n - 1, extent)) + (inner,)
 
 
 # ---------------------------------------------------------------------------------------------
