@@ -163,7 +163,9 @@ def annotate_vectorize(state: State, rng: random.Random, max_size: int) -> None:
                 break
             n += 1
         if n == 0:
-            continue
+            n = _split_for_vectorize(state, sid, rng, max_size)
+            if n == 0:
+                continue
         if n > 1:
             n = 1 + rng.randrange(n - 1)
         last = len(st.iters) - 1
@@ -172,6 +174,23 @@ def annotate_vectorize(state: State, rng: random.Random, max_size: int) -> None:
             last = len(state.stages[sid].iters) - 1
         if state.stages[sid].iters[last].extent > 1:
             state.vectorize(sid, last)
+
+
+def _split_for_vectorize(state: State, sid: int, rng: random.Random, max_size: int) -> int:
+    """A stage whose innermost loop is an untiled axis too long to vectorize whole (the 768 columns
+    of an elementwise stage) gets it split, the inner piece a random divisor of at most
+    `max_size`: without this such loops would stay scalar. Returns 1 if it split, else 0."""
+    st = state.stages[sid]
+    it = st.iters[-1]
+    if (it.name not in {a.name for a in st.op.axes} or it.kind != "spatial" or it.annotation != "none"
+            or it.extent is None
+            or it.extent <= max_size or state.attached_to(st.name, it.name)):
+        return 0
+    choices = [d for d in divisors(it.extent) if 1 < d <= max_size]
+    if not choices:
+        return 0
+    state.split(sid, it.name, [rng.choice(choices)])
+    return 1
 
 
 def annotate(sketch_steps: list, dag, rng: random.Random, params: dict, num_cores: int) -> State | None:
