@@ -141,3 +141,14 @@ def test_check_outputs_is_what_the_space_test_relies_on():
 
     assert check_outputs([np.ones(3, "float32")], [np.ones(3, "float32")]) is None
     assert check_outputs([np.zeros(3, "float32")], [np.ones(3, "float32")]) is not None
+
+
+def test_long_untiled_innermost_loops_are_split_and_vectorized():
+    """An elementwise stage over 768 columns cannot vectorize the whole row (at most 64 lanes):
+    annotation splits the row and vectorizes the inner piece, a divisor of 768."""
+    task = ansor.Task(make_task_tensors("gelu", (8, 768)), name="gelu")
+    policy = SketchPolicy(task, seed=3)
+    for state in policy.sample(12):
+        out = state.stages[-1]
+        vec = [it for it in out.iters if it.annotation == "vectorize"]
+        assert len(vec) == 1 and 1 < vec[0].extent <= 64 and 768 % vec[0].extent == 0

@@ -123,7 +123,8 @@ def annotate_parallel(state: State, rng: random.Random, max_degree: int, min_deg
             continue
         degrees: list[int] = []
         degree = 1
-        for it in st.iters:
+        # the innermost loop stays out of the parallel loop: it is the one to vectorize
+        for it in st.iters[:-1] if len(st.iters) > 1 else st.iters:
             if it.kind != "spatial" or it.annotation != "none":
                 break
             degree *= it.extent
