@@ -581,3 +581,33 @@ def test_auto_unroll_marks_small_inner_loops(max_step, unrolled, builder):
         pragma = line_before_loop(source, f.var.name.replace(".", "_"))
         assert (pragma == f"#pragma GCC unroll {f.extent}") == f.unroll_hint, (f.var.name, pragma)
     check_gemm_relu(task, s, builder)
+
+
+def test_private_buffer_stores_the_vectorized_dimension_last():
+    """A convolution tile vectorized over output channels keeps its accumulators channel-
+    innermost: the private buffer's last dimension is the channel, and results stay right."""
+    from ansor.kernel import compile_state
+    from ansor.lower import ir
+    from ansor.lower.lower import inferred_extents, lower
+    from ansor.search.sketch_policy import SketchPolicy
+    from ansor.workloads import make_task
+
+    task = make_task("conv2d", (1, 8, 10, 10, 32, 3, 3), padding=1)
+    policy = SketchPolicy(task, seed=2)
+    policy.sketches = [s for s in policy.sketches if "fused at level 2, axis 1 innermost" in " ".join(s.history)]
+    assert policy.sketches
+    inputs = task.random_inputs(0)
+    expected = task.reference_outputs(inputs)[0]
+    checked = 0
+    for state in policy.sample(8):
+        local = next(s for s in state.stages if s.name.endswith(".local"))
+        runs = inferred_extents(state)[local.name]
+        channel_tile = math.prod(e for it, e in zip(local.iters, runs) if it.name.startswith("ff"))
+        bufs = [n.buffer for n in ir.walk_stmts(lower(state).body)
+                if isinstance(n, ir.Allocate) and n.buffer.name == local.name]
+        assert len(bufs) == 1 and bufs[0].shape[-1] == channel_tile
+        np.testing.assert_allclose(compile_state(task, state)(*inputs), expected, rtol=1e-4, atol=1e-4)
+        checked += 1
+        if checked == 3:
+            break
+    assert checked == 3

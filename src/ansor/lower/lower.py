@@ -33,6 +33,7 @@ class _StageLowering:
     region_lo: list[E.Expr] = field(default_factory=list)  # per spatial axis
     region_ext: list[int] = field(default_factory=list)
     path: list[E.Var] = field(default_factory=list)  # loop variables enclosing the stage
+    dim_order: list[int] | None = None  # storage order of a private buffer's dimensions
     buffer: ir.Buffer | None = None
     body: E.Expr | None = None  # effective body (inlined producers substituted)
 
@@ -120,6 +121,10 @@ class _Lowerer:
             # a stage computed inside another loop gets a private buffer unless it asked for one
             scope = "local" if s.attach != "root" and s.scope == "global" else s.scope
             shape = tuple(L.region_ext)
+            if s.attach != "root":
+                L.dim_order = _loop_dim_order(s)
+                if L.dim_order is not None:
+                    shape = tuple(shape[d] for d in L.dim_order)
             if s.layout is not None:
                 if s.attach != "root":
                     raise ScheduleError(f"stage {s.name!r}: a stage stored in a tiled layout must be "
@@ -204,6 +209,8 @@ class _Lowerer:
             P = self.info[pid]
             idx = [simplify(i - lo, self.ranges) if not (isinstance(lo, E.Const) and lo.value == 0) else i
                    for i, lo in zip(node.indices, P.region_lo)] if P.region_lo else list(node.indices)
+            if P.dim_order is not None:
+                idx = [idx[d] for d in P.dim_order]
             if P.stage.layout is not None:
                 idx = self._physical(idx, P.stage.layout)
             return ir.BufferLoad(P.buffer, idx)
@@ -226,6 +233,8 @@ class _Lowerer:
         s = L.stage
         op = s.op
         out_idx = [simplify(L.axis_values[id(a)] - lo, self.ranges) for a, lo in zip(op.axes, L.region_lo)]
+        if L.dim_order is not None:
+            out_idx = [out_idx[d] for d in L.dim_order]
         if s.layout is not None:
             out_idx = self._physical(out_idx, s.layout)
         body = L.body
@@ -287,6 +296,25 @@ class _Lowerer:
         if s.auto_unroll_max_step > 0:
             _mark_auto_unroll(stmt, s.auto_unroll_max_step)
         return stmt
+
+
+def _loop_dim_order(stage: Stage) -> list[int] | None:
+    """Storage order for a stage's private buffer: the dimension of its innermost spatial loop
+    last, so the vectorized loop walks the buffer contiguously (a convolution tile vectorized
+    over output channels keeps its accumulators channel-innermost). None: declared order."""
+    parent = {c: rel.parent for rel in stage.relations if hasattr(rel, "parent") for c in rel.children}
+    last_part = {rel.fused: rel.children[-1] for rel in stage.relations if not hasattr(rel, "parent")}
+    spatial = [it for it in stage.iters if it.kind == "spatial"]
+    if not spatial:
+        return None
+    name = spatial[-1].name
+    while name in parent or name in last_part:
+        name = parent.get(name) or last_part[name]
+    names = [a.name for a in stage.op.axes]
+    if name not in names or names.index(name) == len(names) - 1:
+        return None
+    d = names.index(name)
+    return [i for i in range(len(names)) if i != d] + [d]
 
 
 def _physical_shape(shape: tuple[int, ...], dim: int, factor: int) -> tuple[int, ...]:

@@ -31,15 +31,20 @@ def factorizations(extent: int, n: int, max_innermost: int) -> tuple[tuple[int, 
     return tuple(out)
 
 
-def sample_factors(extent: int, n: int, rng: random.Random, max_innermost: int = 64) -> tuple[int, ...]:
+def sample_factors(extent: int, n: int, rng: random.Random, max_innermost: int = 64,
+                   vector_lanes: int = 0) -> tuple[int, ...]:
     """A random perfect tiling of `extent` into n inner lengths: the innermost length drawn
     uniformly among the allowed divisors, then the outer lengths uniformly among the tilings
     of what is left. (Drawing uniformly among all tilings, as Ansor does, makes an innermost
     length of 1 the most likely: small extents have the most tilings. The innermost loop is
-    the vectorized one, so that bias starves the search of vector-width tiles.)"""
+    the vectorized one, so that bias starves the search of vector-width tiles.) With
+    `vector_lanes`, half the draws take a multiple of it where the extent has one."""
     if n == 0:
         return ()
-    inner = rng.choice([d for d in divisors(extent) if d <= max_innermost])
+    allowed = [d for d in divisors(extent) if d <= max_innermost]
+    if vector_lanes > 1 and rng.random() < 0.5:
+        allowed = [d for d in allowed if d % vector_lanes == 0] or allowed
+    inner = rng.choice(allowed)
     return rng.choice(factorizations(extent // inner, n - 1, extent)) + (inner,)
 
 
@@ -53,12 +58,12 @@ from ansor.schedule.state import ScheduleError, State  # noqa: E402
 from ansor.schedule.steps import SplitStep  # noqa: E402
 
 
-def fill_tile_sizes(dag, steps: list, rng: random.Random, max_innermost: int) -> State:
+def fill_tile_sizes(dag, steps: list, rng: random.Random, max_innermost: int, vector_lanes: int = 0) -> State:
     """Replay a sketch's steps with every undecided split length sampled."""
     filled = []
     for step in steps:
         if isinstance(step, SplitStep) and any(n is None for n in step.lengths):
-            lengths = sample_factors(step.extent, len(step.lengths), rng, max_innermost)
+            lengths = sample_factors(step.extent, len(step.lengths), rng, max_innermost, vector_lanes)
             step = _replace(step, lengths=lengths)
         filled.append(step)
     return State.replay(dag, filled)
@@ -194,10 +199,12 @@ def _split_for_vectorize(state: State, sid: int, rng: random.Random, max_size: i
     return 1
 
 
-def annotate(sketch_steps: list, dag, rng: random.Random, params: dict, num_cores: int) -> State | None:
-    """One complete program from a sketch, or None if the sample turned out illegal."""
+def annotate(sketch_steps: list, dag, rng: random.Random, params: dict, num_cores: int,
+             vector_lanes: int = 0) -> State | None:
+    """One complete program from a sketch, or None if the sample turned out illegal.
+    `vector_lanes` (float32 lanes of the target's vector unit) biases innermost tiles."""
     try:
-        s = fill_tile_sizes(dag, sketch_steps, rng, params["max_innermost_split_factor"])
+        s = fill_tile_sizes(dag, sketch_steps, rng, params["max_innermost_split_factor"], vector_lanes)
         if not params["disable_change_compute_location"]:
             change_compute_locations(s, rng)
         cores = max(1, num_cores)

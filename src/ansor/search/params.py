@@ -9,6 +9,7 @@ SEARCH_DEFAULTS: dict[str, object] = {
     "cpu_pack_reused_operands": True,     # also sketch copies of B-like inputs in a tiled layout
     # random annotation
     "max_innermost_split_factor": 64,     # innermost tile length bound
+    "vector_tile_bias": True,             # half the innermost tile draws: a multiple of the vector lanes
     "max_vectorize_size": 64,             # elements in a vectorized loop (64 floats: 4 zmm registers)
     "auto_unroll_max_step_choices": (0, 16, 64, 512),
     "parallel_degree_per_core": 16,       # stop fusing outer loops beyond 16 x cores

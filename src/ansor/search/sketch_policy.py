@@ -35,6 +35,7 @@ class SketchPolicy(SearchPolicy):
         self.sketches: list[Sketch] = generate_sketches(State(task.dag), ctx, custom_rules)
         if not self.sketches:
             raise ValueError(f"no sketch could be derived for task {task.name!r}")
+        self.vector_lanes = task.target.vector_unit_bytes // 4 if self.params["vector_tile_bias"] else 0
         self.measured: list[tuple[float, State]] = []  # (cost, program) of successful measurements
         self.last_round: dict[str, float] = {}         # seconds per phase of the last round
         self._feature_cache: dict = {}
@@ -51,7 +52,8 @@ class SketchPolicy(SearchPolicy):
         while len(out) < n and tries < max_tries:
             tries += 1
             sketch = self.rng.choice(self.sketches)
-            st = annotate(sketch.steps, self.task.dag, self.rng, self.params, self.task.target.num_cores)
+            st = annotate(sketch.steps, self.task.dag, self.rng, self.params, self.task.target.num_cores,
+                          self.vector_lanes)
             if st is None:
                 continue
             key = st.key()
@@ -75,7 +77,7 @@ class SketchPolicy(SearchPolicy):
             if want <= 0:
                 break
             drawn = workers.sample(sketches, want + want // 8 + 8, self.rng.randrange(2**31), self.params,
-                                   self.task.target.num_cores, self._feature_cache)
+                                   (self.task.target.num_cores, self.vector_lanes), self._feature_cache)
             for g in drawn:
                 if g is not None and g.key() not in seen and len(out) < n:
                     seen.add(g.key())

@@ -62,11 +62,11 @@ def _sample_chunk(args: tuple) -> list[tuple | None]:
     from ansor.costmodel.features import program_features
     from ansor.search.annotate import annotate
 
-    sketches, count, seed, params, num_cores = args
+    sketches, count, seed, params, (num_cores, vector_lanes) = args
     rng = random.Random(seed)
     out: list[tuple | None] = []
     for _ in range(count):
-        state = annotate(rng.choice(sketches), _WORKER_DAG, rng, params, num_cores)
+        state = annotate(rng.choice(sketches), _WORKER_DAG, rng, params, num_cores, vector_lanes)
         out.append(None if state is None else (tuple(state.steps), state.key(), program_features(state)))
     return out
 
@@ -114,12 +114,12 @@ class SearchWorkers:
             out.extend(part)
         return out
 
-    def sample(self, sketches: list, count: int, seed: int, params: dict, num_cores: int,
+    def sample(self, sketches: list, count: int, seed: int, params: dict, cores_and_lanes: tuple[int, int],
                memo: dict) -> list:
         """`count` draws of random annotation (Genomes, None where annotation failed), spread
         over the workers; their features go into `memo`."""
         per = -(-count // (self.n_workers * 4))
-        jobs = [(sketches, min(per, count - i), seed * 1_000_003 + c, params, num_cores)
+        jobs = [(sketches, min(per, count - i), seed * 1_000_003 + c, params, cores_and_lanes)
                 for c, i in enumerate(range(0, count, per))]
         return self._collect(self._ensure_pool().map(_sample_chunk, jobs), memo)
 
