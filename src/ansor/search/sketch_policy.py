@@ -67,7 +67,7 @@ class SketchPolicy(SearchPolicy):
         """Like `sample`, but in the worker processes when there are any, with the programs'
         features computed there too (they are all scored next)."""
         workers = self.workers()
-        if workers is None or not workers._parallel(n):
+        if workers is None or not workers.worth_parallel(n):
             return self.sample(n, exclude)
         out: list = []
         seen = set(exclude)

@@ -96,7 +96,8 @@ class SearchWorkers:
                                              initargs=(self.dag,))
         return self._pool
 
-    def _parallel(self, n: int) -> bool:
+    def worth_parallel(self, n: int) -> bool:
+        """Whether n programs are enough work to send to the workers."""
         return self.n_workers > 1 and n >= self.min_parallel
 
     def __call__(self, states: Sequence) -> list[np.ndarray]:
@@ -104,7 +105,7 @@ class SearchWorkers:
         from ansor.costmodel.features import program_features
         from ansor.search.evolution import as_state
 
-        if not self._parallel(len(states)):
+        if not self.worth_parallel(len(states)):
             return [program_features(as_state(s)) for s in states]
         lists = [tuple(s.steps) for s in states]
         size = -(-len(lists) // (self.n_workers * 4))
@@ -142,7 +143,7 @@ class SearchWorkers:
         features go into `memo`, keyed by program key. Same children as `breed_locally`."""
         from ansor.search.evolution import breed_locally, chunk_orders
 
-        if not self._parallel(len(orders)):
+        if not self.worth_parallel(len(orders)):
             return breed_locally(orders, seed, params)
         jobs = []
         for c, chunk in enumerate(chunk_orders(orders)):
