@@ -15,8 +15,6 @@ from ansor.te import expr as E
 Ranges = dict  # id(Var) -> (lo, hi) inclusive integer bounds
 
 INF = math.inf
-_INT = frozenset(E.INT_DTYPES)
-_LINEAR_OPS = frozenset(("+", "-", "*"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,48 +167,24 @@ def simplify(expr: E.Expr, ranges: Ranges | None = None) -> E.Expr:
     memo: dict[int, E.Expr] = {}
 
     def linear_of(node: E.Expr) -> Linear:
-        terms: dict[str, list] = {}
-        const = accumulate(node, 1, terms)
-        return Linear({k: (a, c) for k, (a, c) in terms.items() if c != 0}, const)
-
-    def accumulate(node: E.Expr, coef: int, terms: dict) -> int:
-        """Add coef * node into `terms` (atom key -> [atom, coefficient]); return the constant
-        part. One dict for the whole sum: no intermediate linear forms."""
-        if type(node) is E.BinOp and node.op in _LINEAR_OPS and node.dtype in _INT:
-            op = node.op
-            if op == "+":
-                return accumulate(node.a, coef, terms) + accumulate(node.b, coef, terms)
-            if op == "-":
-                return accumulate(node.a, coef, terms) + accumulate(node.b, -coef, terms)
-            a, b = node.a, node.b
-            if type(b) is E.Const:
-                return accumulate(a, coef * b.value, terms)
-            if type(a) is E.Const:
-                return accumulate(b, coef * a.value, terms)
-            la, lb = linear_of(a), linear_of(b)
-            if not la.terms:
-                return accumulate_linear(lb, coef * la.const, terms)
-            if not lb.terms:
-                return accumulate_linear(la, coef * lb.const, terms)
-            atom = E.BinOp("*", from_linear(la, node.dtype), from_linear(lb, node.dtype), node.dtype)
-            return accumulate_linear(Linear({atom_key(atom): (atom, 1)}, 0), coef, terms)
-        if type(node) is E.Const and node.dtype in _INT:
-            return coef * node.value
+        if isinstance(node, E.BinOp) and E.is_int(node.dtype) and node.op in ("+", "-", "*"):
+            a, b = linear_of(node.a), linear_of(node.b)
+            if node.op == "+":
+                return a.add(b)
+            if node.op == "-":
+                return a.add(b, -1)
+            if not a.terms:
+                return b.scale(a.const)
+            if not b.terms:
+                return a.scale(b.const)
+            prod = E.BinOp("*", from_linear(a, node.dtype), from_linear(b, node.dtype), node.dtype)
+            return Linear({atom_key(prod): (prod, 1)}, 0)
         atom = go(node)
         if isinstance(atom, E.Const) and E.is_int(atom.dtype):
-            return coef * atom.value
-        if isinstance(atom, E.BinOp) and E.is_int(atom.dtype) and atom.op in _LINEAR_OPS:
-            return accumulate_linear(to_linear(atom), coef, terms)
-        return accumulate_linear(Linear({atom_key(atom): (atom, 1)}, 0), coef, terms)
-
-    def accumulate_linear(lin: Linear, coef: int, terms: dict) -> int:
-        for key, (atom, c) in lin.terms.items():
-            slot = terms.get(key)
-            if slot is None:
-                terms[key] = [atom, c * coef]
-            else:
-                slot[1] += c * coef
-        return lin.const * coef
+            return Linear({}, atom.value)
+        if isinstance(atom, E.BinOp) and E.is_int(atom.dtype) and atom.op in ("+", "-", "*"):
+            return to_linear(atom)
+        return Linear({atom_key(atom): (atom, 1)}, 0)
 
     def go(node: E.Expr) -> E.Expr:
         key = id(node)
