@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ansor.lower import ir
-from ansor.schedule.relations import leaf_expressions
+from ansor.schedule.relations import leaf_expressions, root_axis_of
 from ansor.schedule.printer import state_to_str
 from ansor.schedule.state import ScheduleError, Stage, State
 from ansor.te import expr as E
@@ -302,14 +302,10 @@ def _loop_dim_order(stage: Stage) -> list[int] | None:
     """Storage order for a stage's private buffer: the dimension of its innermost spatial loop
     last, so the vectorized loop walks the buffer contiguously (a convolution tile vectorized
     over output channels keeps its accumulators channel-innermost). None: declared order."""
-    parent = {c: rel.parent for rel in stage.relations if hasattr(rel, "parent") for c in rel.children}
-    last_part = {rel.fused: rel.children[-1] for rel in stage.relations if not hasattr(rel, "parent")}
     spatial = [it for it in stage.iters if it.kind == "spatial"]
     if not spatial:
         return None
-    name = spatial[-1].name
-    while name in parent or name in last_part:
-        name = parent.get(name) or last_part[name]
+    name = root_axis_of(stage, spatial[-1].name)
     names = [a.name for a in stage.op.axes]
     if name not in names or names.index(name) == len(names) - 1:
         return None

@@ -19,6 +19,16 @@ def iterator_extents(stage, root_extents: dict[str, int]) -> dict[str, int]:
     return ext
 
 
+def root_axis_of(stage, name: str) -> str:
+    """The original axis an iterator was derived from (through splits; for a fused iterator,
+    through its innermost part)."""
+    parent = {c: rel.parent for rel in stage.relations if hasattr(rel, "parent") for c in rel.children}
+    innermost_part = {rel.fused: rel.children[-1] for rel in stage.relations if not hasattr(rel, "parent")}
+    while name in parent or name in innermost_part:
+        name = parent.get(name) or innermost_part[name]
+    return name
+
+
 def leaf_expressions(stage, leaf_values: dict[str, E.Expr], root_extents: dict[str, int]):
     """Express each root axis through the leaf iterators' values.
 

@@ -220,11 +220,16 @@ def chunk_orders(orders: list) -> list[list]:
     return [orders[i:i + size] for i in range(0, len(orders), size)]
 
 
+def chunk_seed(seed: int, chunk: int) -> int:
+    """The seed of one chunk's generator: the same wherever the chunk is bred."""
+    return seed * 1_000_003 + chunk
+
+
 def breed_locally(orders: list, seed: int, params: dict) -> list[State | None]:
     """Children of `orders`, in this process (the reference for the parallel breeder)."""
     out: list[State | None] = []
     for c, chunk in enumerate(chunk_orders(orders)):
-        rng = random.Random(seed * 1_000_003 + c)
+        rng = random.Random(chunk_seed(seed, c))
         out.extend(breed_one(op, p, o, rng, params) for op, p, o in chunk)
     return out
 

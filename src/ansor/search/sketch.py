@@ -311,18 +311,14 @@ def _tile_fusion(ctx, state: State, sid: int):
     for level in ctx.fusion_levels:
         if ctx.tiling_structure[level - 1] != "S":
             continue
-        for inner in [None] + (channel_axes(state, sid) if ctx.pack_operands else []):
+        for inner in _vector_axis_choices(ctx, state, sid):
             s = state.copy()
             split_ids = multi_level_tile(s, sid, ctx.tiling_structure, inner)
             follow_tiling(s, consumer, split_ids, level, inner)
             n_spatial = len(split_ids)
             s.compute_at(sid, consumer, level * n_spatial - 1)
             where = f"fused at level {level}" + ("" if inner is None else f", axis {inner} innermost")
-            if inner is None:
-                out.append((s, sid - 1, where))
-            packed = with_packed_operands(s, sid, split_ids, inner) if ctx.pack_operands else None
-            if packed is not None:
-                out.append((packed, sid + len(packed.stages) - len(s.stages) - 1, f"{where}, inputs packed"))
+            out += _tiled_variants(ctx, s, sid, split_ids, inner, where)
     return out
 
 
@@ -335,16 +331,26 @@ def _tile_cond(ctx, state: State, sid: int) -> Cond:
 
 def _tile(ctx, state: State, sid: int):
     out = []
-    for inner in [None] + (channel_axes(state, sid) if ctx.pack_operands else []):
+    for inner in _vector_axis_choices(ctx, state, sid):
         s = state.copy()
         split_ids = multi_level_tile(s, sid, ctx.tiling_structure, inner)
-        where = "" if inner is None else f"axis {inner} innermost"
-        if inner is None:
-            out.append((s, sid - 1, where))
-        packed = with_packed_operands(s, sid, split_ids, inner) if ctx.pack_operands else None
-        if packed is not None:
-            out.append((packed, sid + len(packed.stages) - len(s.stages) - 1,
-                        f"{where + ', ' if where else ''}inputs packed"))
+        out += _tiled_variants(ctx, s, sid, split_ids, inner, "" if inner is None else f"axis {inner} innermost")
+    return out
+
+
+def _vector_axis_choices(ctx, state: State, sid: int) -> list[int | None]:
+    """Which spatial axis goes innermost: the last (None), plus packable channel axes."""
+    return [None] + (channel_axes(state, sid) if ctx.pack_operands else [])
+
+
+def _tiled_variants(ctx, s: State, sid: int, split_ids: Sequence[int], inner: int | None, where: str):
+    """Work items for one tiled state: itself (with the last axis innermost only: another axis
+    innermost is worth it only with its input packed), and its packed-input copy if any."""
+    out = [(s, sid - 1, where)] if inner is None else []
+    packed = with_packed_operands(s, sid, split_ids, inner) if ctx.pack_operands else None
+    if packed is not None:
+        out.append((packed, sid + len(packed.stages) - len(s.stages) - 1,
+                    f"{where + ', ' if where else ''}inputs packed"))
     return out
 
 

@@ -17,6 +17,11 @@ from typing import Sequence
 
 import numpy as np
 
+from ansor.costmodel.features import FEATURE_COUNT, program_features
+from ansor.schedule.state import ScheduleError, State
+from ansor.search.annotate import annotate
+from ansor.search.evolution import Genome, as_state, breed_locally, breed_one, chunk_orders, chunk_seed
+
 _WORKER_DAG = None
 
 
@@ -26,9 +31,6 @@ def _init_worker(dag) -> None:
 
 
 def _extract_chunk(step_lists: list[tuple]) -> list[np.ndarray]:
-    from ansor.costmodel.features import FEATURE_COUNT, program_features
-    from ansor.schedule.state import ScheduleError, State
-
     out = []
     for steps in step_lists:
         try:
@@ -40,35 +42,30 @@ def _extract_chunk(step_lists: list[tuple]) -> list[np.ndarray]:
     return out
 
 
+def _packed(state) -> tuple | None:
+    """What travels back for a new program: (steps, key, features); None for no program."""
+    return None if state is None else (tuple(state.steps), state.key(), program_features(state))
+
+
 def _breed_chunk(args: tuple) -> list[tuple | None]:
     """Children of one chunk of orders: (steps, key, features) or None where the operation
     did not apply."""
-    from ansor.costmodel.features import program_features
-    from ansor.search.evolution import Genome, breed_one
-
     orders, seed, params = args
     rng = random.Random(seed)
     out: list[tuple | None] = []
     for op, parent_steps, other_steps in orders:
         parent = Genome(_WORKER_DAG, parent_steps, "")
         other = Genome(_WORKER_DAG, other_steps, "") if other_steps is not None else None
-        child = breed_one(op, parent, other, rng, params)
-        out.append(None if child is None else (tuple(child.steps), child.key(), program_features(child)))
+        out.append(_packed(breed_one(op, parent, other, rng, params)))
     return out
 
 
 def _sample_chunk(args: tuple) -> list[tuple | None]:
     """Randomly annotated programs of the given sketches: (steps, key, features) or None."""
-    from ansor.costmodel.features import program_features
-    from ansor.search.annotate import annotate
-
     sketches, count, seed, params, (num_cores, vector_lanes) = args
     rng = random.Random(seed)
-    out: list[tuple | None] = []
-    for _ in range(count):
-        state = annotate(rng.choice(sketches), _WORKER_DAG, rng, params, num_cores, vector_lanes)
-        out.append(None if state is None else (tuple(state.steps), state.key(), program_features(state)))
-    return out
+    return [_packed(annotate(rng.choice(sketches), _WORKER_DAG, rng, params, num_cores, vector_lanes))
+            for _ in range(count)]
 
 
 def default_worker_count() -> int:
@@ -102,9 +99,6 @@ class SearchWorkers:
 
     def __call__(self, states: Sequence) -> list[np.ndarray]:
         """Features of many States (or Genomes)."""
-        from ansor.costmodel.features import program_features
-        from ansor.search.evolution import as_state
-
         if not self.worth_parallel(len(states)):
             return [program_features(as_state(s)) for s in states]
         lists = [tuple(s.steps) for s in states]
@@ -120,13 +114,11 @@ class SearchWorkers:
         """`count` draws of random annotation (Genomes, None where annotation failed), spread
         over the workers; their features go into `memo`."""
         per = -(-count // (self.n_workers * 4))
-        jobs = [(sketches, min(per, count - i), seed * 1_000_003 + c, params, cores_and_lanes)
+        jobs = [(sketches, min(per, count - i), chunk_seed(seed, c), params, cores_and_lanes)
                 for c, i in enumerate(range(0, count, per))]
         return self._collect(self._ensure_pool().map(_sample_chunk, jobs), memo)
 
     def _collect(self, parts, memo: dict) -> list:
-        from ansor.search.evolution import Genome
-
         out: list = []
         for part in parts:
             for item in part:
@@ -141,14 +133,12 @@ class SearchWorkers:
     def breed(self, orders: list, seed: int, params: dict, memo: dict) -> list:
         """Children of `orders` as Genomes (None where an operation did not apply); their
         features go into `memo`, keyed by program key. Same children as `breed_locally`."""
-        from ansor.search.evolution import breed_locally, chunk_orders
-
         if not self.worth_parallel(len(orders)):
             return breed_locally(orders, seed, params)
         jobs = []
         for c, chunk in enumerate(chunk_orders(orders)):
             packed = [(op, tuple(p.steps), tuple(o.steps) if o is not None else None) for op, p, o in chunk]
-            jobs.append((packed, seed * 1_000_003 + c, params))
+            jobs.append((packed, chunk_seed(seed, c), params))
         return self._collect(self._ensure_pool().map(_breed_chunk, jobs), memo)
 
     def close(self) -> None:
