@@ -15,7 +15,7 @@ from ansor.schedule.relations import leaf_expressions, root_axis_of
 from ansor.schedule.printer import state_to_str
 from ansor.schedule.state import ScheduleError, Stage, State
 from ansor.te import expr as E
-from ansor.te.arith import const_bounds, simplify, symbolic_bounds
+from ansor.te.arith import Simplifier, const_bounds, simplify
 from ansor.te.tensor import ComputeOp
 
 _LOOP_KIND = {"none": "serial", "parallel": "parallel", "vectorize": "vectorized", "unroll": "unrolled"}
@@ -66,6 +66,7 @@ class _Lowerer:
         self.by_tensor = {id(s.tensor): i for i, s in enumerate(state.stages)}
         self.info: dict[int, _StageLowering] = {}
         self.ranges: dict[int, tuple[int, int]] = {}  # id(loop var) -> (0, extent - 1)
+        self.simplifier = Simplifier(self.ranges)
 
     # --- entry ------------------------------------------------------------------------------
     def run(self) -> ir.PrimFunc:
@@ -142,14 +143,14 @@ class _Lowerer:
         for v, e in zip(L.loop_vars, L.loop_extents):
             self.ranges[id(v)] = (0, e - 1)
         for d, a in enumerate(op.axes):
-            L.axis_values[id(a)] = simplify(values[a.name] + L.region_lo[d], self.ranges)
+            L.axis_values[id(a)] = self.simplifier.simplify(values[a.name] + L.region_lo[d])
             if s.attach != "root":
                 lo, hi = const_bounds(L.axis_values[id(a)], self.ranges)
                 if lo < 0 or hi >= a.extent:
                     guards.append((L.axis_values[id(a)] >= 0) & (L.axis_values[id(a)] < a.extent))
         for a in op.reduce_axes:
-            L.axis_values[id(a)] = simplify(values[a.name] + a.lo if a.lo else values[a.name], self.ranges)
-        L.guards = [g for g in (simplify(g, self.ranges) for g in guards)
+            L.axis_values[id(a)] = self.simplifier.simplify(values[a.name] + a.lo if a.lo else values[a.name])
+        L.guards = [g for g in (self.simplifier.simplify(g) for g in guards)
                     if not (isinstance(g, E.Const) and g.value)]
         L.body = st.effective_body(sid)
 
@@ -171,9 +172,9 @@ class _Lowerer:
                 for d, idx in enumerate(read.indices):
                     if per_dim[d] is None:
                         continue
-                    value = simplify(E.substitute(idx, self._axis_map(C)), self.ranges)
+                    value = self.simplifier.simplify(E.substitute(idx, self._axis_map(C)))
                     inner = {k: r for k, r in self.ranges.items() if k not in path_ids}
-                    b = symbolic_bounds(value, inner)
+                    b = self.simplifier.bounds_over(value, inner)
                     per_dim[d] = None if b is None else per_dim[d] + [b]
         los, exts = [], []
         all_ranges = self.ranges
@@ -185,7 +186,7 @@ class _Lowerer:
                 exts.append(a.extent)
                 continue
             lo, hi = lo_hi
-            ext_expr = simplify(hi - lo + 1, all_ranges)
+            ext_expr = self.simplifier.simplify(hi - lo + 1)
             if isinstance(ext_expr, E.Const):
                 ext = ext_expr.value
             else:
@@ -207,7 +208,7 @@ class _Lowerer:
         if isinstance(node, E.TensorRead):
             pid = self.by_tensor[id(node.tensor)]
             P = self.info[pid]
-            idx = [simplify(i - lo, self.ranges) if not (isinstance(lo, E.Const) and lo.value == 0) else i
+            idx = [self.simplifier.simplify(i - lo) if not (isinstance(lo, E.Const) and lo.value == 0) else i
                    for i, lo in zip(node.indices, P.region_lo)] if P.region_lo else list(node.indices)
             if P.dim_order is not None:
                 idx = [idx[d] for d in P.dim_order]
@@ -220,19 +221,24 @@ class _Lowerer:
         """Logical indices -> indices into a buffer stored with one dimension tiled."""
         dim, factor = layout
         rest = [i for d, i in enumerate(idx) if d != dim]
-        return [simplify(idx[dim] // factor, self.ranges), *rest, simplify(idx[dim] % factor, self.ranges)]
+        return [self.simplifier.simplify(idx[dim] // factor), *rest, self.simplifier.simplify(idx[dim] % factor)]
 
     def _to_ir(self, expr: E.Expr, L: _StageLowering) -> E.Expr:
-        value = E.substitute(expr, self._axis_map(L))
-        value = E.transform(value, self._load)
-        return simplify(value, self.ranges)
+        """Axes replaced by their loop expressions and tensor reads by buffer loads, in one
+        bottom-up pass (a read's indices are substituted before the read is)."""
+        axis_map = self._axis_map(L)
+
+        def rewrite(node: E.Expr) -> E.Expr | None:
+            return axis_map.get(node) if isinstance(node, E.Var) else self._load(node)
+
+        return self.simplifier.simplify(E.transform(expr, rewrite))
 
     def _emit_stage(self, sid: int) -> ir.Stmt:
         st = self.state
         L = self.info[sid]
         s = L.stage
         op = s.op
-        out_idx = [simplify(L.axis_values[id(a)] - lo, self.ranges) for a, lo in zip(op.axes, L.region_lo)]
+        out_idx = [self.simplifier.simplify(L.axis_values[id(a)] - lo) for a, lo in zip(op.axes, L.region_lo)]
         if L.dim_order is not None:
             out_idx = [out_idx[d] for d in L.dim_order]
         if s.layout is not None:

@@ -163,12 +163,52 @@ def simplify(expr: E.Expr, ranges: Ranges | None = None) -> E.Expr:
     An integer sum-of-products subtree is normalized once as a whole (its atoms simplified
     first), not at every level, which keeps simplification linear in the expression size.
     """
-    ranges = ranges or {}
-    memo: dict[int, E.Expr] = {}
+    return Simplifier(ranges or {}).simplify(expr)
 
-    def linear_of(node: E.Expr) -> Linear:
+
+class Simplifier:
+    """`simplify` with memory: results and linear forms are kept (by node identity) across
+    calls, so an expression built from already simplified parts (a loop's index substituted
+    into a body) costs only its new nodes. Valid while no variable's range changes: the
+    lowering gives each loop variable its range when it creates it."""
+
+    def __init__(self, ranges: Ranges):
+        self.ranges = ranges
+        self._memo: dict[int, tuple[E.Expr, E.Expr]] = {}  # id(node) -> (node, simplified)
+        self._linear: dict[int, tuple[E.Expr, Linear]] = {}  # id(simplified node) -> (node, form)
+
+    def simplify(self, expr: E.Expr) -> E.Expr:
+        return self._go(expr)
+
+    def bounds_over(self, expr: E.Expr, inner: Ranges) -> tuple[E.Expr, E.Expr] | None:
+        """`symbolic_bounds` of an expression this simplifier produced; linear ones (every
+        atom a variable) are bounded straight from their form."""
+        known = self._linear.get(id(expr))
+        if known is None or not all(isinstance(atom, E.Var) for atom, _ in known[1].terms.values()):
+            return symbolic_bounds(expr, inner)
+        lin = known[1]
+        fixed = Linear({k: t for k, t in lin.terms.items() if id(t[0]) not in inner}, lin.const)
+        lo = hi = 0
+        for atom, coef in lin.terms.values():
+            r = inner.get(id(atom))
+            if r is not None:
+                a, b = coef * r[0], coef * r[1]
+                lo, hi = lo + min(a, b), hi + max(a, b)
+        dtype = expr.dtype
+        return (self._rebuilt(fixed.add(Linear({}, lo)), dtype), self._rebuilt(fixed.add(Linear({}, hi)), dtype))
+
+    def _rebuilt(self, lin: Linear, dtype: str) -> E.Expr:
+        out = from_linear(lin, dtype)
+        self._linear[id(out)] = (out, lin)
+        self._memo[id(out)] = (out, out)  # canonical forms simplify to themselves
+        return out
+
+    def _linear_of(self, node: E.Expr) -> Linear:
+        known = self._linear.get(id(node))
+        if known is not None:
+            return known[1]
         if isinstance(node, E.BinOp) and E.is_int(node.dtype) and node.op in ("+", "-", "*"):
-            a, b = linear_of(node.a), linear_of(node.b)
+            a, b = self._linear_of(node.a), self._linear_of(node.b)
             if node.op == "+":
                 return a.add(b)
             if node.op == "-":
@@ -177,36 +217,43 @@ def simplify(expr: E.Expr, ranges: Ranges | None = None) -> E.Expr:
                 return b.scale(a.const)
             if not b.terms:
                 return a.scale(b.const)
-            prod = E.BinOp("*", from_linear(a, node.dtype), from_linear(b, node.dtype), node.dtype)
+            prod = E.BinOp("*", self._rebuilt(a, node.dtype), self._rebuilt(b, node.dtype), node.dtype)
             return Linear({atom_key(prod): (prod, 1)}, 0)
-        atom = go(node)
+        atom = self._go(node)
+        known = self._linear.get(id(atom))
+        if known is not None:
+            return known[1]
         if isinstance(atom, E.Const) and E.is_int(atom.dtype):
             return Linear({}, atom.value)
         if isinstance(atom, E.BinOp) and E.is_int(atom.dtype) and atom.op in ("+", "-", "*"):
             return to_linear(atom)
         return Linear({atom_key(atom): (atom, 1)}, 0)
 
-    def go(node: E.Expr) -> E.Expr:
+    def _go(self, node: E.Expr) -> E.Expr:
         key = id(node)
-        if key in memo:
-            return memo[key]
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit[1]
         if isinstance(node, E.BinOp) and E.is_int(node.dtype) and node.op in ("+", "-", "*"):
-            result = from_linear(linear_of(node), node.dtype)
+            result = self._rebuilt(self._linear_of(node), node.dtype)
         else:
             kids = node.children()
+            original = node
             if kids:
-                new_kids = [go(c) for c in kids]
+                new_kids = [self._go(c) for c in kids]
                 if any(n is not o for n, o in zip(new_kids, kids)):
                     node = E.rebuild(node, new_kids)
-            out = _simplify_node(node, ranges)
+            out = _simplify_node(node, self.ranges, self._go)
             result = node if out is None else out
-        memo[key] = result
+            node = original
+        self._memo[key] = (node, result)
         return result
 
-    return go(expr)
 
-
-def _simplify_node(node: E.Expr, ranges: Ranges) -> E.Expr | None:
+def _simplify_node(node: E.Expr, ranges: Ranges, simp=None) -> E.Expr | None:
+    """One node whose children are simplified; `simp` simplifies the helper expressions it
+    builds (default: a fresh `simplify`). None: no change."""
+    simp = simp or (lambda e: simplify(e, ranges))
     if isinstance(node, E.Var):
         r = ranges.get(id(node))
         return E.Const(r[0], node.dtype) if r is not None and r[0] == r[1] else None
@@ -215,7 +262,7 @@ def _simplify_node(node: E.Expr, ranges: Ranges) -> E.Expr | None:
         if isinstance(a, E.Const) and isinstance(b, E.Const):
             return _fold_binop(node.op, a, b, node.dtype)
         if E.is_int(node.dtype):
-            return _simplify_int_binop(node, ranges)
+            return _simplify_int_binop(node, ranges, simp)
         if node.op == "*" and _is_const(b, 1):
             return a
         if node.op == "*" and _is_const(a, 1):
@@ -227,7 +274,7 @@ def _simplify_node(node: E.Expr, ranges: Ranges) -> E.Expr | None:
         return None
     if isinstance(node, E.Compare):
         if E.is_int(node.a.dtype):
-            diff = simplify(E.BinOp("-", node.a, node.b, node.a.dtype), ranges)
+            diff = simp(E.BinOp("-", node.a, node.b, node.a.dtype))
             lo, hi = const_bounds(diff, ranges)
             decided = _decide(node.op, lo, hi)
             if decided is not None:
@@ -257,6 +304,16 @@ def _simplify_node(node: E.Expr, ranges: Ranges) -> E.Expr | None:
     if isinstance(node, E.Cast) and isinstance(node.value, E.Const):
         return E.Const(node.value.value, node.dtype)
     return None
+
+
+def _linear_bounds(lin: Linear, ranges: Ranges) -> tuple[float, float]:
+    """`const_bounds` of a linear form, term by term."""
+    lo = hi = lin.const
+    for atom, coef in lin.terms.values():
+        alo, ahi = ranges.get(id(atom), (-INF, INF)) if isinstance(atom, E.Var) else const_bounds(atom, ranges)
+        a, b = _mul(alo, coef), _mul(ahi, coef)
+        lo, hi = lo + min(a, b), hi + max(a, b)
+    return lo, hi
 
 
 def _is_const(e: E.Expr, v) -> bool:
@@ -295,7 +352,7 @@ def _fold_binop(op: str, a: E.Const, b: E.Const, dtype: str) -> E.Expr:
     return E.Const(value, dtype)
 
 
-def _simplify_int_binop(node: E.BinOp, ranges: Ranges) -> E.Expr | None:
+def _simplify_int_binop(node: E.BinOp, ranges: Ranges, simp) -> E.Expr | None:
     op, dtype = node.op, node.dtype  # + - * never get here: simplify() normalizes them whole
     if op in ("//", "%") and isinstance(node.b, E.Const) and node.b.value > 0:
         c = node.b.value
@@ -305,7 +362,7 @@ def _simplify_int_binop(node: E.BinOp, ranges: Ranges) -> E.Expr | None:
         rest = Linear({k: (a, coef) for k, (a, coef) in lin.terms.items() if coef % c != 0},
                       lin.const % c)
         rest_expr = from_linear(rest, dtype)
-        lo, hi = const_bounds(rest_expr, ranges)
+        lo, hi = _linear_bounds(rest, ranges)
         if 0 <= lo and hi < c:  # the remainder part never crosses a multiple of c
             return from_linear(quotient, dtype) if op == "//" else rest_expr
         if op == "%":
@@ -316,7 +373,7 @@ def _simplify_int_binop(node: E.BinOp, ranges: Ranges) -> E.Expr | None:
             return from_linear(quotient, dtype) + E.BinOp("//", rest_expr, node.b, dtype)
         return None
     if op in ("min", "max"):
-        diff = simplify(E.BinOp("-", node.a, node.b, dtype), ranges)
+        diff = simp(E.BinOp("-", node.a, node.b, dtype))
         lo, hi = const_bounds(diff, ranges)
         if hi <= 0:
             return node.a if op == "min" else node.b
