@@ -152,3 +152,30 @@ def test_long_untiled_innermost_loops_are_split_and_vectorized():
         out = state.stages[-1]
         vec = [it for it in out.iters if it.annotation == "vectorize"]
         assert len(vec) == 1 and 1 < vec[0].extent <= 64 and 768 % vec[0].extent == 0
+
+
+def test_register_tiles_put_the_whole_reduction_around_the_innermost_tile():
+    """With register_tile_prob 1 every multi-level-tiled spatial axis has its second innermost
+    level 1 (so R0 R1 sit right around S3), reduction splits keep their sampled lengths, and
+    the sampled programs still compute the right result."""
+    from ansor.schedule.steps import SplitStep
+    from ansor.search.annotate import register_level_splits
+
+    task = ansor.Task(make_task_tensors("conv2d", (1, 8, 12, 12, 16, 3, 3), padding=1), name="conv2d")
+    policy = SketchPolicy(task, seed=5, params={"register_tile_prob": 1.0})
+    rng = random.Random(0)
+    reduce_lengths = set()
+    for sketch in policy.sketches:
+        register = register_level_splits(sketch.steps)
+        undecided = [i for i, s in enumerate(sketch.steps)
+                     if isinstance(s, SplitStep) and None in s.lengths]
+        assert register and set(register) < set(undecided)
+        for _ in range(5):
+            st = annotate(sketch.steps, task.dag, rng, policy.params, 2, 16)
+            assert st is not None
+            for i in undecided:
+                if i in register:
+                    assert st.steps[i].lengths[-2] == 1
+                else:
+                    reduce_lengths.add(st.steps[i].lengths)
+    assert any(lengths != (1,) for lengths in reduce_lengths)

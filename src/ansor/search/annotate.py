@@ -58,12 +58,36 @@ from ansor.schedule.state import ScheduleError, State  # noqa: E402
 from ansor.schedule.steps import SplitStep  # noqa: E402
 
 
-def fill_tile_sizes(dag, steps: list, rng: random.Random, max_innermost: int, vector_lanes: int = 0) -> State:
-    """Replay a sketch's steps with every undecided split length sampled."""
-    filled = []
+def register_level_splits(steps: list) -> set[int]:
+    """Indices of the undecided splits of multi-level-tiled spatial axes (a stage's splits with
+    the most levels: every tiling structure has more spatial than reduction levels)."""
+    levels: dict[int, int] = {}
     for step in steps:
         if isinstance(step, SplitStep) and any(n is None for n in step.lengths):
-            lengths = sample_factors(step.extent, len(step.lengths), rng, max_innermost, vector_lanes)
+            levels[step.stage_id] = max(levels.get(step.stage_id, 0), len(step.lengths))
+    return {i for i, step in enumerate(steps)
+            if isinstance(step, SplitStep) and any(n is None for n in step.lengths)
+            and len(step.lengths) >= 2 and len(step.lengths) == levels[step.stage_id]}
+
+
+def fill_tile_sizes(dag, steps: list, rng: random.Random, max_innermost: int, vector_lanes: int = 0,
+                    register_tile_prob: float = 0.0) -> State:
+    """Replay a sketch's steps with every undecided split length sampled.
+
+    With probability `register_tile_prob` the program gets a register tile: the second
+    innermost level of every tiled spatial axis is 1, so the reduction loops (which the
+    tiling structure puts on both sides of that level) all sit right around the innermost
+    tile, and an accumulator tile computed at the level above is exactly that tile, small
+    enough for registers. Uniform sampling rarely draws length 1 on every axis at once."""
+    register = register_level_splits(steps) if rng.random() < register_tile_prob else set()
+    filled = []
+    for i, step in enumerate(steps):
+        if isinstance(step, SplitStep) and any(n is None for n in step.lengths):
+            if i in register:
+                outer = sample_factors(step.extent, len(step.lengths) - 1, rng, max_innermost, vector_lanes)
+                lengths = (*outer[:-1], 1, outer[-1])
+            else:
+                lengths = sample_factors(step.extent, len(step.lengths), rng, max_innermost, vector_lanes)
             step = _replace(step, lengths=lengths)
         filled.append(step)
     return State.replay(dag, filled)
@@ -204,7 +228,8 @@ def annotate(sketch_steps: list, dag, rng: random.Random, params: dict, num_core
     """One complete program from a sketch, or None if the sample turned out illegal.
     `vector_lanes` (float32 lanes of the target's vector unit) biases innermost tiles."""
     try:
-        s = fill_tile_sizes(dag, sketch_steps, rng, params["max_innermost_split_factor"], vector_lanes)
+        s = fill_tile_sizes(dag, sketch_steps, rng, params["max_innermost_split_factor"], vector_lanes,
+                            params["register_tile_prob"])
         if not params["disable_change_compute_location"]:
             change_compute_locations(s, rng)
         cores = max(1, num_cores)

@@ -10,6 +10,8 @@ SEARCH_DEFAULTS: dict[str, object] = {
     # random annotation
     "max_innermost_split_factor": 64,     # innermost tile length bound
     "vector_tile_bias": True,             # half the innermost tile draws: a multiple of the vector lanes
+    "register_tile_prob": 0.25,           # share of programs whose spatial tiles are register tiles
+                                          # (second innermost spatial level 1 on every axis)
     "max_vectorize_size": 64,             # elements in a vectorized loop (64 floats: 4 zmm registers)
     "auto_unroll_max_step_choices": (0, 16, 64, 512),
     "parallel_degree_per_core": 16,       # stop fusing outer loops beyond 16 x cores
