@@ -1,5 +1,6 @@
 """The benchmark suite: tune each workload and print ansor beside numpy (GEMM) and PyTorch eager
-and torch.compile, all measured in the same run.
+and torch.compile, all measured in the same run: each side is timed in turns, 5 rounds, and the
+median is kept (the spread of ansor's rounds is printed in parentheses).
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/suite.py \\
         --trials-matmul 1000 --trials 300 --json results.json --curve matmul1024.png
@@ -16,12 +17,13 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import tempfile
 import time
 
 import ansor
-from ansor.baselines import time_numpy, time_torch
+from ansor.baselines import time_numpy, time_torch, torch_available
 from ansor.measure import check_outputs
 from ansor.workloads import WORKLOADS, make_task, workload_options
 
@@ -43,7 +45,10 @@ SUITE = [
 ]
 
 
-def tune_and_time(name, shape, opts, trials, policy, seed):
+TIMING_ROUNDS = 5  # ansor and each baseline are timed in turn this many times; medians are kept
+
+
+def tune_and_build(name, shape, opts, trials, policy, seed):
     task = make_task(name, shape, **opts)
     db = os.path.join(tempfile.mkdtemp(), "suite.db")
     t0 = time.time()
@@ -54,7 +59,19 @@ def tune_and_time(name, shape, opts, trials, policy, seed):
     problem = check_outputs(list(out) if isinstance(out, tuple) else [out], task.reference_outputs(inputs))
     if problem:
         raise AssertionError(f"{name}: built kernel is wrong: {problem}")
-    return task, inputs, kernel.time(*inputs), res, time.time() - t0
+    return task, inputs, kernel, res, time.time() - t0
+
+
+def time_in_turns(timers: dict) -> dict:
+    """Median and spread (min, max) of seconds per call for each named timer, timed in turns
+    so that a noisy stretch of the machine hits every side alike."""
+    samples: dict[str, list[float]] = {k: [] for k in timers}
+    for _ in range(TIMING_ROUNDS):
+        for key, timer in timers.items():
+            sec = timer()
+            if sec is not None:
+                samples[key].append(sec)
+    return {k: (statistics.median(v), min(v), max(v)) for k, v in samples.items() if v}
 
 
 def main() -> None:
@@ -78,26 +95,29 @@ def main() -> None:
         if args.only and label not in args.only and name not in args.only:
             continue
         trials = args.trials_matmul if name == "matmul" else args.trials
-        task, inputs, sec, res, wall = tune_and_time(name, shape, opts, trials, args.policy, args.seed)
+        task, inputs, kernel, res, wall = tune_and_build(name, shape, opts, trials, args.policy, args.seed)
         row = {"label": label, "workload": name, "shape": list(shape), "trials": trials, "flop": task.flop,
-               "ansor_s": sec, "tune_wall_s": wall, "curve": res.curve}
+               "tune_wall_s": wall, "curve": res.curve}
+        timers = {"ansor_s": lambda k=kernel: k.time(*inputs)}
+        if args.compare:
+            _, _, kernel2, res2, _ = tune_and_build(name, shape, opts, trials, args.compare, args.seed)
+            row["compare_curve"] = res2.curve
+            timers["compare_s"] = lambda k=kernel2: k.time(*inputs)
         w = WORKLOADS[name]
         if w.numpy_fn is not None and name in ("matmul", "batch_matmul", "matmul_bias_relu"):
-            row["numpy_s"] = time_numpy(w.numpy_fn, inputs).median
-        if w.torch_fn is not None:
+            timers["numpy_s"] = lambda: time_numpy(w.numpy_fn, inputs).median
+        if w.torch_fn is not None and torch_available():
             o = workload_options(name, shape, **opts)
-            t = time_torch(w.torch_fn, o, inputs)
-            row["torch_s"] = t.median if t else None
+            timers["torch_s"] = lambda: time_torch(w.torch_fn, o, inputs).median
             if not args.no_compile:
                 try:
-                    t = time_torch(w.torch_fn, o, inputs, compiled=True)
-                    row["torch_compile_s"] = t.median if t else None
+                    time_torch(w.torch_fn, o, inputs, compiled=True)  # compile once, outside the turns
+                    timers["torch_compile_s"] = lambda: time_torch(w.torch_fn, o, inputs, compiled=True).median
                 except Exception as exc:  # torch.compile needs a working toolchain
                     row["torch_compile_error"] = str(exc)[:200]
-        if args.compare:
-            _, _, sec2, res2, _ = tune_and_time(name, shape, opts, trials, args.compare, args.seed)
-            row["compare_s"] = sec2
-            row["compare_curve"] = res2.curve
+        for key, (median, lo, hi) in time_in_turns(timers).items():
+            row[key] = median
+            row[key.replace("_s", "_spread_s")] = [lo, hi]
         results.append(row)
         _print_row(row, args.compare)
     if args.compare and results:
@@ -125,7 +145,8 @@ def _print_row(row: dict, compare: str | None) -> None:
         s = row.get(key)
         return f"{s * 1e3:8.3f} ms {flop / s / 1e9:7.1f} GF/s" if s else " " * 24
 
-    line = f"{row['label']:32s} ansor {cell('ansor_s')}"
+    lo, hi = row["ansor_spread_s"]
+    line = f"{row['label']:32s} ansor {cell('ansor_s')} ({lo * 1e3:.3f}-{hi * 1e3:.3f})"
     for key, name in (("numpy_s", "numpy"), ("torch_s", "torch"), ("torch_compile_s", "compile")):
         if row.get(key):
             line += f" | {name} {cell(key)} ratio {row[key] / row['ansor_s']:.2f}x"

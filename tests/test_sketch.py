@@ -157,9 +157,9 @@ def test_long_untiled_innermost_loops_are_split_and_vectorized():
 def test_register_tiles_put_the_whole_reduction_around_the_innermost_tile():
     """With register_tile_prob 1 every multi-level-tiled spatial axis has its second innermost
     level 1 (so R0 R1 sit right around S3), reduction splits keep their sampled lengths, and
-    the sampled programs still compute the right result."""
+    the innermost tile fits the vector registers."""
     from ansor.schedule.steps import SplitStep
-    from ansor.search.annotate import register_level_splits
+    from ansor.search.annotate import REGISTER_ACCUMULATORS, register_level_splits
 
     task = ansor.Task(make_task_tensors("conv2d", (1, 8, 12, 12, 16, 3, 3), padding=1), name="conv2d")
     policy = SketchPolicy(task, seed=5, params={"register_tile_prob": 1.0})
@@ -173,9 +173,12 @@ def test_register_tiles_put_the_whole_reduction_around_the_innermost_tile():
         for _ in range(5):
             st = annotate(sketch.steps, task.dag, rng, policy.params, 2, 16)
             assert st is not None
+            tile = 1
             for i in undecided:
                 if i in register:
                     assert st.steps[i].lengths[-2] == 1
+                    tile *= st.steps[i].lengths[-1]
                 else:
                     reduce_lengths.add(st.steps[i].lengths)
+            assert tile <= REGISTER_ACCUMULATORS * 16
     assert any(lengths != (1,) for lengths in reduce_lengths)

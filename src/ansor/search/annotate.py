@@ -70,6 +70,10 @@ def register_level_splits(steps: list) -> set[int]:
             and len(step.lengths) >= 2 and len(step.lengths) == levels[step.stage_id]}
 
 
+REGISTER_ACCUMULATORS = 24  # vector registers a register tile may fill (of AVX-512's 32: the rest
+                            # hold the operands of one step of the reduction)
+
+
 def fill_tile_sizes(dag, steps: list, rng: random.Random, max_innermost: int, vector_lanes: int = 0,
                     register_tile_prob: float = 0.0) -> State:
     """Replay a sketch's steps with every undecided split length sampled.
@@ -77,20 +81,30 @@ def fill_tile_sizes(dag, steps: list, rng: random.Random, max_innermost: int, ve
     With probability `register_tile_prob` the program gets a register tile: the second
     innermost level of every tiled spatial axis is 1, so the reduction loops (which the
     tiling structure puts on both sides of that level) all sit right around the innermost
-    tile, and an accumulator tile computed at the level above is exactly that tile, small
-    enough for registers. Uniform sampling rarely draws length 1 on every axis at once."""
+    tile, and an accumulator tile computed at the level above is exactly that tile. Its size
+    is drawn to fit `REGISTER_ACCUMULATORS` vectors of `vector_lanes` floats (redrawn a few
+    times). Uniform sampling rarely draws length 1 on every axis at once."""
     register = register_level_splits(steps) if rng.random() < register_tile_prob else set()
+    drawn: dict[int, tuple[int, ...]] = {}
+    for _ in range(8):
+        drawn = {i: _register_lengths(steps[i], rng, max_innermost, vector_lanes) for i in sorted(register)}
+        tile: dict[int, int] = {}
+        for i, lengths in drawn.items():
+            tile[steps[i].stage_id] = tile.get(steps[i].stage_id, 1) * lengths[-1]
+        if vector_lanes <= 1 or all(t <= REGISTER_ACCUMULATORS * vector_lanes for t in tile.values()):
+            break
     filled = []
     for i, step in enumerate(steps):
         if isinstance(step, SplitStep) and any(n is None for n in step.lengths):
-            if i in register:
-                outer = sample_factors(step.extent, len(step.lengths) - 1, rng, max_innermost, vector_lanes)
-                lengths = (*outer[:-1], 1, outer[-1])
-            else:
-                lengths = sample_factors(step.extent, len(step.lengths), rng, max_innermost, vector_lanes)
+            lengths = drawn.get(i) or sample_factors(step.extent, len(step.lengths), rng, max_innermost, vector_lanes)
             step = _replace(step, lengths=lengths)
         filled.append(step)
     return State.replay(dag, filled)
+
+
+def _register_lengths(step: SplitStep, rng: random.Random, max_innermost: int, vector_lanes: int) -> tuple[int, ...]:
+    outer = sample_factors(step.extent, len(step.lengths) - 1, rng, max_innermost, vector_lanes)
+    return (*outer[:-1], 1, outer[-1])
 
 
 def compute_location_candidates(state: State, sid: int) -> list[tuple[int, int]]:
