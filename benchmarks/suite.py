@@ -117,7 +117,7 @@ def main() -> None:
                     row["torch_compile_error"] = str(exc)[:200]
         for key, (median, lo, hi) in time_in_turns(timers).items():
             row[key] = median
-            row[key.replace("_s", "_spread_s")] = [lo, hi]
+            row[key.removesuffix("_s") + "_spread_s"] = [lo, hi]
         results.append(row)
         _print_row(row, args.compare)
     if args.compare and results:

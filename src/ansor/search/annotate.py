@@ -58,16 +58,18 @@ from ansor.schedule.state import ScheduleError, State  # noqa: E402
 from ansor.schedule.steps import SplitStep  # noqa: E402
 
 
+def _undecided(step) -> bool:
+    return isinstance(step, SplitStep) and any(n is None for n in step.lengths)
+
+
 def register_level_splits(steps: list) -> set[int]:
     """Indices of the undecided splits of multi-level-tiled spatial axes (a stage's splits with
     the most levels: every tiling structure has more spatial than reduction levels)."""
+    undecided = [(i, step) for i, step in enumerate(steps) if _undecided(step)]
     levels: dict[int, int] = {}
-    for step in steps:
-        if isinstance(step, SplitStep) and any(n is None for n in step.lengths):
-            levels[step.stage_id] = max(levels.get(step.stage_id, 0), len(step.lengths))
-    return {i for i, step in enumerate(steps)
-            if isinstance(step, SplitStep) and any(n is None for n in step.lengths)
-            and len(step.lengths) >= 2 and len(step.lengths) == levels[step.stage_id]}
+    for _, step in undecided:
+        levels[step.stage_id] = max(levels.get(step.stage_id, 0), len(step.lengths))
+    return {i for i, step in undecided if len(step.lengths) >= 2 and len(step.lengths) == levels[step.stage_id]}
 
 
 REGISTER_ACCUMULATORS = 24  # vector registers a register tile may fill (of AVX-512's 32: the rest
@@ -95,7 +97,7 @@ def fill_tile_sizes(dag, steps: list, rng: random.Random, max_innermost: int, ve
             break
     filled = []
     for i, step in enumerate(steps):
-        if isinstance(step, SplitStep) and any(n is None for n in step.lengths):
+        if _undecided(step):
             lengths = drawn.get(i) or sample_factors(step.extent, len(step.lengths), rng, max_innermost, vector_lanes)
             step = _replace(step, lengths=lengths)
         filled.append(step)

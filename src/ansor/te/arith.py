@@ -188,12 +188,7 @@ class Simplifier:
             return symbolic_bounds(expr, inner)
         lin = known[1]
         fixed = Linear({k: t for k, t in lin.terms.items() if id(t[0]) not in inner}, lin.const)
-        lo = hi = 0
-        for atom, coef in lin.terms.values():
-            r = inner.get(id(atom))
-            if r is not None:
-                a, b = coef * r[0], coef * r[1]
-                lo, hi = lo + min(a, b), hi + max(a, b)
+        lo, hi = _linear_bounds(Linear({k: t for k, t in lin.terms.items() if id(t[0]) in inner}), inner)
         dtype = expr.dtype
         return (self._rebuilt(fixed.add(Linear({}, lo)), dtype), self._rebuilt(fixed.add(Linear({}, hi)), dtype))
 
@@ -238,22 +233,20 @@ class Simplifier:
             result = self._rebuilt(self._linear_of(node), node.dtype)
         else:
             kids = node.children()
-            original = node
+            rebuilt = node
             if kids:
                 new_kids = [self._go(c) for c in kids]
                 if any(n is not o for n, o in zip(new_kids, kids)):
-                    node = E.rebuild(node, new_kids)
-            out = _simplify_node(node, self.ranges, self._go)
-            result = node if out is None else out
-            node = original
-        self._memo[key] = (node, result)
+                    rebuilt = E.rebuild(node, new_kids)
+            out = _simplify_node(rebuilt, self.ranges, self._go)
+            result = rebuilt if out is None else out
+        self._memo[key] = (node, result)  # the node is kept so that its id stays unique
         return result
 
 
-def _simplify_node(node: E.Expr, ranges: Ranges, simp=None) -> E.Expr | None:
+def _simplify_node(node: E.Expr, ranges: Ranges, simp) -> E.Expr | None:
     """One node whose children are simplified; `simp` simplifies the helper expressions it
-    builds (default: a fresh `simplify`). None: no change."""
-    simp = simp or (lambda e: simplify(e, ranges))
+    builds. None: no change."""
     if isinstance(node, E.Var):
         r = ranges.get(id(node))
         return E.Const(r[0], node.dtype) if r is not None and r[0] == r[1] else None
