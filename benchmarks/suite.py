@@ -48,9 +48,13 @@ SUITE = [
 TIMING_ROUNDS = 5  # ansor and each baseline are timed in turn this many times; medians are kept
 
 
-def tune_and_build(name, shape, opts, trials, policy, seed):
+def tune_and_build(name, shape, opts, trials, policy, seed, db_dir=None):
     task = make_task(name, shape, **opts)
-    db = os.path.join(tempfile.mkdtemp(), "suite.db")
+    if db_dir:
+        os.makedirs(db_dir, exist_ok=True)
+        db = os.path.join(db_dir, f"{name}-{'x'.join(map(str, shape))}-{policy}-seed{seed}.db")
+    else:
+        db = os.path.join(tempfile.mkdtemp(), "suite.db")
     t0 = time.time()
     res = ansor.tune(task, trials=trials, database=db, seed=seed, policy=policy)
     kernel = ansor.build(task, database=db)
@@ -74,6 +78,11 @@ def time_in_turns(timers: dict) -> dict:
     return {k: (statistics.median(v), min(v), max(v)) for k, v in samples.items() if v}
 
 
+def trials_to_reach(curve: list, gflops: float) -> int | None:
+    """The first trial at which a tuning curve (trial, best GFLOP/s so far) reaches `gflops`."""
+    return next((t for t, g in curve if g >= gflops), None)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trials-matmul", type=int, default=1000)
@@ -84,6 +93,7 @@ def main() -> None:
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile (slow to warm up)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
+    p.add_argument("--databases", default=None, help="keep each tuning run's records in this folder")
     p.add_argument("--curve", default=None, help="PNG of the matmul 1024 tuning curves")
     args = p.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -95,13 +105,16 @@ def main() -> None:
         if args.only and label not in args.only and name not in args.only:
             continue
         trials = args.trials_matmul if name == "matmul" else args.trials
-        task, inputs, kernel, res, wall = tune_and_build(name, shape, opts, trials, args.policy, args.seed)
+        task, inputs, kernel, res, wall = tune_and_build(name, shape, opts, trials, args.policy, args.seed,
+                                                           args.databases)
         row = {"label": label, "workload": name, "shape": list(shape), "trials": trials, "flop": task.flop,
                "tune_wall_s": wall, "curve": res.curve}
         timers = {"ansor_s": lambda k=kernel: k.time(*inputs)}
         if args.compare:
-            _, _, kernel2, res2, _ = tune_and_build(name, shape, opts, trials, args.compare, args.seed)
+            _, _, kernel2, res2, _ = tune_and_build(name, shape, opts, trials, args.compare, args.seed,
+                                                   args.databases)
             row["compare_curve"] = res2.curve
+            row["trials_to_compare_best"] = trials_to_reach(res.curve, max((g for _, g in res2.curve), default=0.0))
             timers["compare_s"] = lambda k=kernel2: k.time(*inputs)
         w = WORKLOADS[name]
         if w.numpy_fn is not None and name in ("matmul", "batch_matmul", "matmul_bias_relu"):
@@ -152,6 +165,8 @@ def _print_row(row: dict, compare: str | None) -> None:
             line += f" | {name} {cell(key)} ratio {row[key] / row['ansor_s']:.2f}x"
     if compare and row.get("compare_s"):
         line += f" | {compare} {cell('compare_s')} speedup {row['compare_s'] / row['ansor_s']:.2f}x"
+        line += (f"; passed {compare}'s final best (during tuning) at trial {row['trials_to_compare_best']}"
+                 f" of {row['trials']}")
     print(line, flush=True)
 
 
