@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from ansor.cli import main
+from ansor.database import Database
 
 
 @pytest.fixture(autouse=True)
@@ -36,7 +37,10 @@ def test_tune_show_export_import(tmp_path, capsys):
     assert main(["export", jsonl, "--database", db]) == 0
     db2 = str(tmp_path / "other.db")
     assert main(["import", jsonl, "--database", db2]) == 0
-    assert "imported 4 new records" in capsys.readouterr().out
+    with Database(db) as d:
+        assert len({r.state_key for r in d.records()}) == 4  # 4 trials (and their confirmations)
+        n = d.count()
+    assert f"imported {n} new records" in capsys.readouterr().out
 
 
 def test_tune_other_operator(tmp_path, capsys):

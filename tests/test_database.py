@@ -143,17 +143,24 @@ def test_best_ignores_errors_and_dedupes_states(db: Database):
             rec("slow", (9e-3,)),
             rec("err", (), error_no=7),
             rec("fast", (2e-3,)),
-            rec("fast", (1e-3,), ts=2),  # re-measured: its best run represents it
+            rec("fast", (1e-3,), ts=2),  # re-measured: both runs count
             rec("mid", (5e-3,)),
             rec("other-target", (1e-6,), tk="cuda"),
         ]
     )
     best = db.best(WK, TK, k=10)
     assert [r.state_key for r in best] == ["fast", "mid", "slow"]
-    assert best[0].median_cost == 1e-3
+    assert best[0].costs == (2e-3, 1e-3) and best[0].median_cost == pytest.approx(1.5e-3)
     assert db.best(WK, TK) == [best[0]]
     assert db.best(WK, TK, k=0) == []
     assert db.best("missing", TK) == []
+
+
+def test_a_lucky_measurement_loses_its_place_when_measured_again(db: Database):
+    db.add_records([rec("lucky", (1e-3,)), rec("steady", (2e-3, 2e-3)), rec("lucky", (3e-3, 3e-3, 3e-3), ts=2)])
+    assert [r.state_key for r in db.best(WK, TK, k=2)] == ["steady", "lucky"]
+    assert db.best(WK, TK)[0].median_cost == 2e-3
+    assert db.summary()[0]["best_cost"] == 2e-3
 
 
 def test_measured_state_keys_include_errors(db: Database):

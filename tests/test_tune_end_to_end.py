@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import ansor
+from ansor.tuner import TUNE_DEFAULTS
 from ansor import te
 from ansor.database import Database, DatabaseError
 from ansor.measure import MeasureErrorNo, TimingPolicy
@@ -58,8 +59,24 @@ def test_resumed_run_does_not_remeasure(tmp_path):
     ansor.tune(task, trials=6, database=db_path, seed=1, progress=False)
     with Database(db_path) as db:
         recs = db.records(task.workload_key, task.target.key)
-    assert len(recs) == 12
-    assert len({r.state_key for r in recs}) == 12
+    assert len({r.state_key for r in recs}) == 12  # the search never measures a program twice
+    assert len(recs) <= 12 + 2 * TUNE_DEFAULTS["confirm_best"]  # the leaders, confirmed per job
+
+
+def test_the_leaders_are_measured_again_and_the_best_pools_their_runs(tmp_path):
+    task = matmul_task()
+    db_path = str(tmp_path / "c.db")
+    res = ansor.tune(task, trials=8, database=db_path, seed=2, progress=False, confirm_best=3)
+    with Database(db_path) as db:
+        recs = db.records(task.workload_key, task.target.key)
+        best = db.best(task.workload_key, task.target.key)[0]
+    assert res.trials == 8 and len(recs) == 8 + 3
+    again = [r.state_key for r in recs[8:]]
+    firsts = sorted((r for r in recs[:8] if r.ok), key=lambda r: r.median_cost)
+    assert set(again) == {r.state_key for r in firsts[:3]}
+    pooled = [c for r in recs if r.state_key == best.state_key for c in r.costs]
+    assert sorted(best.costs) == sorted(pooled)
+    assert res.best_cost == best.median_cost
 
 
 def test_out_argument_and_multiple_calls(tmp_path):
@@ -146,7 +163,7 @@ def test_faults_become_error_records_and_tuning_finishes(tmp_path, monkeypatch):
     assert result.errors == 4, [(r.error_no, r.error_msg) for r in recs]
     assert codes[:4] == [MeasureErrorNo.RUNTIME_DEVICE, MeasureErrorNo.RUN_TIMEOUT,
                          MeasureErrorNo.WRONG_ANSWER, MeasureErrorNo.COMPILE_HOST]
-    assert codes[4:] == [0, 0, 0]
+    assert codes[4:] == [0] * (len(codes) - 4) and len(codes) == 7 + 3  # three ok, all confirmed
     assert "SIGSEGV" in recs[0].error_msg
     # a wrong kernel is never the best
     best = ansor.build(task, database=db_path)

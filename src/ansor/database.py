@@ -565,30 +565,42 @@ class Database:
         return [self._record_from_row(r) for r in rows]
 
     def best(self, workload_key: str, target_key: str, k: int = 1) -> list[Record]:
-        """The ``k`` fastest ok records, one per distinct program, fastest first.
+        """The ``k`` fastest programs with ok records, fastest first.
 
-        Ties keep the earlier measurement. For a program measured several
-        times, its fastest measurement represents it.
+        A program measured more than once is represented by its first record carrying the
+        costs of all its ok measurements, and ranked by their median: the fastest of hundreds
+        of noisy measurements tends to be a lucky one, so the tuner measures its leaders again
+        at the end of a job, and those runs count as much as the first. Ties keep the earlier
+        program.
         """
         if k <= 0:
             return []
-        out: list[Record] = []
-        seen: set[str] = set()
+        first: dict[str, tuple] = {}
+        pooled: dict[str, list[float]] = {}
         with self._cursor("best") as conn:
-            cur = conn.execute(
+            rows = conn.execute(
                 f"SELECT {_RECORD_COLUMNS} FROM records"
-                " WHERE workload_key = ? AND target_key = ? AND median_cost IS NOT NULL"
-                " ORDER BY median_cost, id",
+                " WHERE workload_key = ? AND target_key = ? AND median_cost IS NOT NULL ORDER BY id",
                 (workload_key, target_key),
-            )
-            for row in cur:
-                if row[2] in seen:
-                    continue
-                seen.add(row[2])
-                out.append(self._record_from_row(row))
-                if len(out) >= k:
-                    break
-            cur.close()
+            ).fetchall()
+        for row in rows:
+            key = row[2]
+            try:
+                costs = [float(c) for c in json.loads(row[4])]
+            except (TypeError, ValueError) as exc:
+                raise self._fail(f"damaged record for workload {workload_key!r}: {exc}") from None
+            if key in first:
+                pooled[key].extend(costs)
+            else:
+                first[key] = row
+                pooled[key] = costs
+        ranked = sorted(first, key=lambda key: _median(tuple(pooled[key])))  # stable: earlier first
+        out = []
+        for key in ranked[:k]:
+            rec = self._record_from_row(first[key])
+            if len(pooled[key]) != len(rec.costs):
+                object.__setattr__(rec, "costs", tuple(pooled[key]))
+            out.append(rec)
         return out
 
     def measured_state_keys(self, workload_key: str, target_key: str) -> set[str]:
@@ -628,6 +640,8 @@ class Database:
         out = []
         for wk, tk, n, n_ok, best_cost, wdesc, flop, tdesc in rows:
             flop = float(flop) if flop is not None else 0.0
+            if best_cost is not None:  # the best program as `best` ranks them (pooled re-measurements)
+                best_cost = self.best(wk, tk)[0].median_cost
             out.append(
                 {
                     "workload_key": wk,

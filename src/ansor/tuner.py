@@ -18,6 +18,8 @@ from ansor.task import Task
 TUNE_DEFAULTS = {
     "measures_per_round": 64,  # programs compiled and measured per round (the batch)
     "timeout": 10.0,           # seconds a kernel may run before it counts as hung
+    "confirm_best": 4,         # programs measured again at the end of a job (not counted as trials):
+                               # the fastest of many noisy measurements is often a lucky one
 }
 
 
@@ -81,12 +83,15 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
          target: Target | None = None, timeout: float = TUNE_DEFAULTS["timeout"], seed: int | None = None,
          policy: str | SearchPolicy = "sketch.xgb", measures_per_round: int = TUNE_DEFAULTS["measures_per_round"],
          timing: TimingPolicy | None = None, progress: bool = True,
-         callback: Callable[[TuneResult], None] | None = None) -> TuneResult | list[TuneResult]:
+         callback: Callable[[TuneResult], None] | None = None,
+         confirm_best: int = TUNE_DEFAULTS["confirm_best"]) -> TuneResult | list[TuneResult]:
     """Search for fast programs of one task, or of several (which for now split the trial
     budget evenly, in order; Ansor's gradient task scheduler is not built yet).
 
     Records are committed to the database after every round, so an interrupted job loses at
-    most one round, and programs already in the database are never measured again.
+    most one round, and programs already in the database are never measured again by the
+    search; at the end, the `confirm_best` fastest are measured once more (not counted as
+    trials) and the best is decided on all their measurements.
     """
     single = isinstance(tasks, Task)
     task_list = [tasks] if single else list(tasks)
@@ -104,7 +109,7 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
         for t, res, budget in zip(task_list, results, budgets):
             task_policy = policy if single or isinstance(policy, str) else "sketch.xgb"
             _tune_one(t, res, budget, db, timeout, seed, task_policy, measures_per_round,
-                      timing, progress, callback)
+                      timing, progress, callback, confirm_best)
     finally:
         if owned:
             db.close()
@@ -116,9 +121,32 @@ def _split_budget(trials: int, n: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(n)]
 
 
+def _confirm_best(task: Task, res: TuneResult, db: Database, measurer: ProgramMeasurer, k: int) -> None:
+    """Measure the k best programs once more, back to back, so that they are compared with
+    each other under the same conditions; the database pools every measurement of a program,
+    and the job's best is read back from it. The tuning curve keeps what was seen during the
+    search."""
+    from ansor.schedule.state import ScheduleError, State
+    from ansor.schedule.steps import steps_from_json
+
+    states = []
+    for rec in db.best(task.workload_key, task.target.key, k=k):
+        try:
+            states.append(State.replay(task.dag, steps_from_json(rec.steps)))
+        except ScheduleError:
+            continue
+    if not states:
+        return
+    measurer.measure(states)
+    best = db.best(task.workload_key, task.target.key)
+    if best:
+        res.best_cost = best[0].median_cost
+        res.best_steps = best[0].steps
+
+
 def _tune_one(task: Task, res: TuneResult, budget: int, db: Database, timeout: float, seed: int | None,
               policy: str | SearchPolicy, per_round: int, timing: TimingPolicy | None, progress: bool,
-              callback) -> None:
+              callback, confirm_best: int) -> None:
     from ansor.report import TuneProgress
 
     start = time.time()
@@ -161,6 +189,9 @@ def _tune_one(task: Task, res: TuneResult, budget: int, db: Database, timeout: f
                 bar.update(res)
                 if callback is not None:
                     callback(res)
+            if res.trials and confirm_best > 0:
+                _confirm_best(task, res, db, measurer, confirm_best)
+                bar.update(res)
     finally:
         measurer.close()
         pol.close()

@@ -411,9 +411,13 @@ def conv2d_transpose(data: Tensor, weight: Tensor, stride: IntPair = 1, padding:
     """Transposed convolution, NCHW data (n, ci, h, w) with weight (ci, co, kh, kw) as in
     PyTorch's ConvTranspose2d; output extent (h - 1) * stride - 2 * padding + kh + output_padding.
 
-    Computed as a stage that spreads the input out by the stride and pads it (reading the input
-    only where the position lines up with the stride), then a direct convolution with the
-    spatially flipped kernel.
+    Computed by phases, so no multiply meets an inserted zero: output row y = stride * a + b
+    only receives kernel rows ky = (b + padding) % stride + stride * t, from input row
+    a + (b + padding) // stride - t. A reduction stage `{name}_phases` computes every phase
+    (b, and the same for columns) as a dense convolution with ceil(kh / stride) taps, its
+    output channels innermost so they vectorize; the output stage puts the rows back in order.
+    At stride 2 with a 4x4 kernel this is a quarter of the multiplies of convolving the
+    stride-spread input.
     """
     op = "conv2d_transpose"
     _check_tensor(op, "data", data, 4)
@@ -433,35 +437,40 @@ def conv2d_transpose(data: Tensor, weight: Tensor, stride: IntPair = 1, padding:
     if oh < 1 or ow < 1:
         raise ValueError(f"{op}: padding {(ph, pw)} leaves an empty output ({oh} x {ow}) for "
                          f"{data.name!r} of shape {data.shape}")
-    off_h, off_w = kh - 1 - ph, kw - 1 - pw
+    rows, cols = -(-oh // sh), -(-ow // sw)  # phase grid: output row y = sh * a + b
+    taps_h, taps_w = -(-kh // sh), -(-kw // sw)
 
-    def spread(b, c, y, x):
-        conds = []
-        idx = []
-        for v, off, s, n in ((y, off_h, sh, h), (x, off_w, sw, w)):
-            shifted = v - off if off else v
-            conds.append(shifted >= 0)
-            if s > 1:
-                conds.append(shifted % s == 0)
-                src = shifted // s
-            else:
-                src = shifted
-            conds.append(src < n)
-            idx.append(src)
-        cond = conds[0]
-        for cnd in conds[1:]:
-            cond = cond & cnd
-        return E.if_then_else(cond, data[b, c, idx[0], idx[1]], E.const(0, data.dtype))
+    def input_span(n_out: int, s: int, p: int, taps: int, n_in: int) -> tuple[int, int]:
+        """Padding the input needs so that every phase's reads stay inside it."""
+        lowest = p // s - (taps - 1)
+        highest = n_out - 1 + (s - 1 + p) // s
+        return max(0, -lowest), max(0, highest - (n_in - 1))
 
-    dilated = compute((batch, ci, oh + kh - 1, ow + kw - 1), spread, name=f"{name}_dilate_pad",
-                      tag="pad")
+    (lo_h, hi_h), (lo_w, hi_w) = input_span(rows, sh, ph, taps_h, h), input_span(cols, sw, pw, taps_w, w)
+    src = data
+    if lo_h or hi_h or lo_w or hi_w:
+        src = pad(data, (0, 0, lo_h, lo_w), (0, 0, hi_h, hi_w), name=f"{name}_pad")
     rc = reduce_axis(ci, "rc")
-    ry = reduce_axis(kh, "ry")
-    rx = reduce_axis(kw, "rx")
+    ry = reduce_axis(taps_h, "ry")
+    rx = reduce_axis(taps_w, "rx")
+
+    def phases(nn, a, b, c, d, ff):
+        ky = (b + ph) % sh + ry * sh if sh > 1 else ry
+        kx = (d + pw) % sw + rx * sw if sw > 1 else rx
+        iy = a + (b + ph) // sh - ry + lo_h if sh > 1 else a + ph - ry + lo_h
+        ix = c + (d + pw) // sw - rx + lo_w if sw > 1 else c + pw - rx + lo_w
+        wv = weight[rc, ff, ky, kx]
+        conds = ([ky < kh] if kh % sh else []) + ([kx < kw] if kw % sw else [])
+        if conds:
+            wv = E.if_then_else(conds[0] if len(conds) == 1 else conds[0] & conds[1], wv,
+                                E.const(0, weight.dtype))
+        return E.sum(src[nn, rc, iy, ix] * wv, axis=[rc, ry, rx])
+
+    by_phase = compute((batch, rows, sh, cols, sw, co), phases, name=f"{name}_phases",
+                       tag="conv2d_transpose_phases")
 
     def body(nn, ff, yy, xx):
-        return E.sum(dilated[nn, rc, yy + ry, xx + rx] * weight[rc, ff, kh - 1 - ry, kw - 1 - rx],
-                     axis=[rc, ry, rx])
+        return by_phase[nn, yy // sh, yy % sh, xx // sw, xx % sw, ff]
 
     return compute((batch, co, oh, ow), body, name=name, tag="conv2d_transpose_nchw")
 
