@@ -264,6 +264,17 @@ def test_conv2d_transpose(stride, padding, output_padding, kernel):
     np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL)
 
 
+def test_conv2d_transpose_multiplies_no_inserted_zero():
+    """Stride 2, 4x4 kernel: each output takes 2x2 taps per input channel, not 4x4."""
+    from ansor.dag import ComputeDAG
+
+    X = te.placeholder((1, 8, 4, 4), name="X")
+    W = te.placeholder((8, 6, 4, 4), name="W")
+    Y = ops.conv2d_transpose(X, W, stride=2, padding=1)
+    assert Y.shape == (1, 6, 8, 8)
+    assert ComputeDAG([X, W, Y]).flop == 2 * 6 * 8 * 8 * 8 * (2 * 2)
+
+
 # ---------------------------------------------------------------------------------------------
 # pooling
 
