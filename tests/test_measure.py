@@ -19,6 +19,8 @@ from ansor.measure import (
     Runner,
     RunResult,
     TimingPolicy,
+    aligned_copy,
+    aligned_empty,
     check_outputs,
     default_cache_dir,
     time_function,
@@ -58,6 +60,9 @@ ADD = binary_kernel("add", "c[i] = a[i] + b[i];")
 ADD_UNTIMED = binary_kernel("add", "c[i] = a[i] + b[i];", timed=False)
 WRONG = binary_kernel("add", "c[i] = a[i] + b[i] + (i == 77 ? 1.0f : 0.0f);")
 NO_WRITE = binary_kernel("add", "(void)a; (void)b; (void)c;")
+# right only when all three buffers start on a 64-byte boundary
+ALIGNED_ONLY = binary_kernel(
+    "add", "c[i] = a[i] + b[i] + ((((unsigned long)a | (unsigned long)b | (unsigned long)c) % 64) ? 1.0f : 0.0f);")
 INT_ADD = binary_kernel("add", "c[i] = a[i] + b[i];", ctype="int")
 SEGFAULT = """
 void add(void* arg0, void* arg1, void* arg2) { volatile float* p = 0; *p = 1.0f; }
@@ -81,7 +86,7 @@ def builder(tmp_path_factory: pytest.TempPathFactory) -> Builder:
 def libs(builder: Builder) -> dict[str, str]:
     """Every test kernel, built once in one parallel batch."""
     sources = {
-        "add": ADD, "add_untimed": ADD_UNTIMED, "wrong": WRONG, "no_write": NO_WRITE,
+        "add": ADD, "add_untimed": ADD_UNTIMED, "wrong": WRONG, "no_write": NO_WRITE, "aligned_only": ALIGNED_ONLY,
         "int_add": INT_ADD, "segfault": SEGFAULT, "abort": ABORT, "hang": HANG,
     }
     results = builder.build(list(sources.values()))
@@ -236,6 +241,27 @@ def test_unloadable_library(runner: Runner, tmp_path) -> None:
     bogus.write_text("not a library")
     result = runner.run(str(bogus), "add")
     assert result.error_no == MeasureErrorNo.COMPILE_DEVICE
+
+
+def test_candidates_run_on_64_byte_aligned_buffers(libs) -> None:
+    rng = np.random.default_rng(1)
+    raw = rng.standard_normal(2 * N + 16, dtype=np.float32)
+    a, b = raw[1:N + 1], raw[N + 3:2 * N + 3]  # deliberately misaligned views
+    assert a.ctypes.data % 64 and b.ctypes.data % 64
+    with Runner(timing=FAST) as runner:
+        runner.set_task([a, b], [a + b])
+        assert_ok(runner.run(libs["aligned_only"], "add"))
+
+
+@pytest.mark.parametrize("shape,dtype", [((3,), "float32"), ((7, 5), "float64"), ((0,), "int32"), ((2, 3, 4), "int8")])
+def test_aligned_buffers(shape, dtype) -> None:
+    for _ in range(5):  # the allocator's history must not matter
+        x = aligned_empty(shape, dtype)
+        assert x.shape == shape and x.dtype == np.dtype(dtype) and x.flags.c_contiguous
+        assert x.ctypes.data % 64 == 0 or x.size == 0
+    src = np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2]
+    y = aligned_copy(src)
+    assert y.ctypes.data % 64 == 0 and y.flags.c_contiguous and np.array_equal(y, src)
 
 
 def test_run_many(runner: Runner, libs) -> None:

@@ -38,10 +38,12 @@ class Task:
         return self.dag.outputs
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
-        """Reproducible inputs for measurement and checking."""
+        """Reproducible inputs for measurement and checking, 64-byte aligned like every buffer
+        ansor allocates for a kernel."""
+        from ansor.measure.memory import aligned_copy
         from ansor.te.evaluate import random_inputs
 
-        return random_inputs(self.dag.inputs, seed=seed)
+        return [aligned_copy(a) for a in random_inputs(self.dag.inputs, seed=seed)]
 
     def reference_outputs(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """The outputs computed by numpy from the declaration alone (no schedule involved)."""

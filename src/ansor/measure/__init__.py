@@ -9,6 +9,7 @@ from .build import DEFAULT_CFLAGS, Builder, BuildResult, default_cache_dir
 from .check import check_outputs, default_tolerances
 from .errors import MeasureErrorNo
 from .library import KernelLibrary
+from .memory import aligned_copy, aligned_empty
 from .run import FAILED_COST, Runner, RunResult, evaluate_kernel, time_function
 from .timing import TimingPolicy
 
@@ -22,6 +23,8 @@ __all__ = [
     "RunResult",
     "Runner",
     "TimingPolicy",
+    "aligned_copy",
+    "aligned_empty",
     "check_outputs",
     "default_cache_dir",
     "default_tolerances",
