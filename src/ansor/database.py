@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -259,6 +259,20 @@ class Record:
         except ValueError as exc:
             raise DatabaseError(f"invalid JSON: {exc}") from None
         return cls.from_dict(obj)
+
+
+def pool_runs(records: Iterable[Record]) -> list[tuple[Record, tuple[float, ...]]]:
+    """(first record, costs of all its ok runs) per distinct program, in first-measurement
+    order; a program with no ok run gets no costs."""
+    firsts: dict[str, Record] = {}
+    runs: dict[str, list[float]] = {}
+    for rec in records:
+        if rec.state_key not in firsts:
+            firsts[rec.state_key] = rec
+            runs[rec.state_key] = []
+        if rec.ok:
+            runs[rec.state_key] += rec.costs
+    return [(rec, tuple(runs[key])) for key, rec in firsts.items()]
 
 
 def _is_number(value: Any) -> bool:
@@ -568,38 +582,19 @@ class Database:
         """The ``k`` fastest programs with ok records, fastest first.
 
         A program measured more than once is represented by its first record carrying the
-        costs of all its ok measurements, and ranked by their median: the fastest of hundreds
-        of noisy measurements tends to be a lucky one, so the tuner measures its leaders again
-        at the end of a job, and those runs count as much as the first. Ties keep the earlier
-        program.
+        costs of all its ok measurements (`pool_runs`), and ranked by their median: the fastest
+        of hundreds of noisy measurements tends to be a lucky one, so the tuner measures its
+        leaders again at the end of a job, and those runs count as much as the first. Ties keep
+        the earlier program.
         """
         if k <= 0:
             return []
-        first: dict[str, tuple] = {}
-        pooled: dict[str, list[float]] = {}
-        with self._cursor("best") as conn:
-            rows = conn.execute(
-                f"SELECT {_RECORD_COLUMNS} FROM records"
-                " WHERE workload_key = ? AND target_key = ? AND median_cost IS NOT NULL ORDER BY id",
-                (workload_key, target_key),
-            ).fetchall()
-        for row in rows:
-            key = row[2]
-            try:
-                costs = [float(c) for c in json.loads(row[4])]
-            except (TypeError, ValueError) as exc:
-                raise self._fail(f"damaged record for workload {workload_key!r}: {exc}") from None
-            if key in first:
-                pooled[key].extend(costs)
-            else:
-                first[key] = row
-                pooled[key] = costs
-        ranked = sorted(first, key=lambda key: _median(tuple(pooled[key])))  # stable: earlier first
+        pooled = pool_runs(self.records(workload_key, target_key, ok_only=True))
+        ranked = sorted(pooled, key=lambda pair: _median(pair[1]))  # stable: earlier first
         out = []
-        for key in ranked[:k]:
-            rec = self._record_from_row(first[key])
-            if len(pooled[key]) != len(rec.costs):
-                object.__setattr__(rec, "costs", tuple(pooled[key]))
+        for rec, costs in ranked[:k]:
+            if len(costs) != len(rec.costs):
+                rec = replace(rec, costs=costs)
             out.append(rec)
         return out
 

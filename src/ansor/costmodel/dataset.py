@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ansor.database import Database
+from ansor.database import Database, pool_runs
 
 
 @dataclass
@@ -16,21 +16,6 @@ class Dataset:
     costs: list[float] = field(default_factory=list)
     groups: list[str] = field(default_factory=list)
     skipped: int = 0
-
-
-def pooled_programs(records: list) -> list[tuple]:
-    """(first record, cost) per distinct program, in first-measurement order: a program
-    measured more than once (the tuner confirms its leaders) is one sample whose cost is the
-    median of all its ok runs, so it can be in only one side of a train/test split."""
-    firsts: dict[str, object] = {}
-    runs: dict[str, list[float]] = {}
-    for rec in records:
-        if rec.state_key not in firsts:
-            firsts[rec.state_key] = rec
-            runs[rec.state_key] = []
-        if rec.ok:
-            runs[rec.state_key] += rec.costs
-    return [(rec, float(np.median(runs[key])) if runs[key] else math.inf) for key, rec in firsts.items()]
 
 
 def load_dataset(db: Database, target_key: str) -> Dataset:
@@ -50,13 +35,15 @@ def load_dataset(db: Database, target_key: str) -> Dataset:
             out.skipped += len(recs)
             continue
         states, costs = [], []
-        for rec, cost in pooled_programs(recs):
+        # one sample per program (the tuner re-measures its leaders), so that a program is in
+        # only one side of a train/test split; its cost is the median of all its ok runs
+        for rec, runs in pool_runs(recs):
             try:
                 states.append(State.replay(dag, steps_from_json(rec.steps)))
             except ScheduleError:
                 out.skipped += 1
                 continue
-            costs.append(cost)
+            costs.append(float(np.median(runs)) if runs else math.inf)
         out.features += features_for_states(states)
         out.costs += costs
         out.groups += [wk] * len(costs)

@@ -31,6 +31,3 @@ def aligned_copy(array: np.ndarray, alignment: int = ALIGNMENT) -> np.ndarray:
     out[...] = array
     return out
 
-
-def is_aligned(array: np.ndarray, alignment: int = ALIGNMENT) -> bool:
-    return array.ctypes.data % alignment == 0
