@@ -148,3 +148,19 @@ def test_worker_breeding_matches_local_breeding(conv_policy):
         assert a.key() == b.key() == as_state(b).key()
     for _, b in made[:8]:
         np.testing.assert_array_equal(memo[b.key()], program_features(as_state(b)))
+
+
+def test_initial_population_reuses_earlier_draws_and_stays_unmeasured():
+    """After the first round, most of a round's random programs come from earlier draws (their
+    features are cached); the population stays distinct and never holds a measured program."""
+    task = make_task("matmul", (32, 32, 32))
+    policy = SketchPolicy(task, seed=2, params={"sample_init_fresh_ratio": 0.25, "search_workers": 1})
+    first = policy.initial_population(40, set())
+    assert len({s.key() for s in first}) == len(first) == 40
+    measured = {s.key() for s in first[:10]}
+    second = policy.initial_population(40, measured)
+    keys = [s.key() for s in second]
+    assert len(set(keys)) == len(keys)
+    assert not set(keys) & measured
+    reused = set(keys) & {s.key() for s in first}
+    assert len(reused) == 30  # 10 fresh draws, 30 from the 30 unmeasured earlier ones

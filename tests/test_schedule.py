@@ -458,3 +458,20 @@ def test_state_key_identifies_the_program():
     s3.split(2, 0, [2])
     s3.reorder(2, [0, 2, 3, 1])
     assert s3.key() != s1.key()
+
+
+def test_stage_analysis_follows_the_rewrites_of_each_program():
+    """Programs of one structure share their stage analysis; a cache stage changes it."""
+    from ansor.workloads import make_task
+
+    dag = make_task("matmul", (16, 16, 16)).dag
+    plain, cached = State(dag), State(dag)
+    cached.cache_write(cached.stages[-1].name, "local")
+    again = State(dag)
+    again.cache_write(again.stages[-1].name, "local")
+    assert len(plain.infos) == len(plain.stages) == len(cached.stages) - 1
+    assert len(cached.infos) == len(cached.stages)
+    assert again.infos is cached.infos
+    local = cached.stage_id(cached.stages[-1].name + ".local")
+    assert cached.infos[local].consumers == [len(cached.stages) - 1]
+    assert State(dag).infos is plain.infos

@@ -138,6 +138,10 @@ def _root_iters(op) -> list[Iterator]:
     return its + [Iterator(a.name, a.extent, "reduce") for a in op.reduce_axes]
 
 
+_INFOS_CACHE: dict = {}  # (id(dag), steps up to the last DAG rewrite) -> (dag, stage analysis)
+_INFOS_CACHE_SIZE = 4096
+
+
 class State:
     """A program under construction: stages plus the steps that produced them."""
 
@@ -146,6 +150,7 @@ class State:
         self.stages = [Stage(t, t.op, name) for t, name in zip(dag.tensors, dag.names)]
         self.steps: list = []
         self._infos: list[StageInfo] | None = None
+        self._rewrite_end = 0  # steps[:_rewrite_end] made the current stage list (cache stages, rfactor)
         self._key: str | None = None
 
     def copy(self) -> "State":
@@ -154,6 +159,7 @@ class State:
         new.stages = [s.copy() for s in self.stages]
         new.steps = list(self.steps)
         new._infos = self._infos
+        new._rewrite_end = self._rewrite_end
         new._key = self._key
         return new
 
@@ -183,10 +189,20 @@ class State:
 
     @property
     def infos(self) -> list[StageInfo]:
-        """Stage analysis of the current (possibly rewritten) DAG."""
+        """Stage analysis of the current (possibly rewritten) DAG. It depends only on the DAG and
+        the steps that rewrote it, so programs of one structure share it (search replays
+        thousands of them)."""
         if self._infos is None:
+            key = (id(self.dag), tuple(self.steps[:self._rewrite_end]))
+            hit = _INFOS_CACHE.get(key)
+            if hit is not None and hit[0] is self.dag:
+                self._infos = hit[1]
+                return self._infos
             outputs = [i for i, s in enumerate(self.stages) if any(s.tensor is o for o in self.dag.outputs)]
             self._infos = analyze_ops([s.tensor for s in self.stages], [s.op for s in self.stages], outputs)
+            if len(_INFOS_CACHE) >= _INFOS_CACHE_SIZE:
+                _INFOS_CACHE.clear()
+            _INFOS_CACHE[key] = (self.dag, self._infos)
         return self._infos
 
     def is_output(self, stage_id: int) -> bool:
@@ -478,6 +494,7 @@ class State:
                                       "cache_write"))
         self._infos = None
         self._record(CacheWriteStep(sid, scope))
+        self._rewrite_end = len(self.steps)
         return sid
 
     def cache_read(self, stage: StageRef, scope: str, readers: Sequence[StageRef]) -> int:
@@ -509,6 +526,7 @@ class State:
                                           "cache_read"))
         self._infos = None
         self._record(CacheReadStep(sid, scope, tuple(reader_ids)))
+        self._rewrite_end = len(self.steps)
         return sid + 1
 
     def rfactor(self, stage: StageRef, iterator: IterRef, factor_axis: int = 0) -> int:
@@ -572,6 +590,7 @@ class State:
         self.stages.insert(sid, Stage(rf_tensor, rf_op, self._fresh_name(rf_op.name), "global", "rfactor"))
         self._infos = None
         self._record(RfactorStep(sid, idx, factor_axis))
+        self._rewrite_end = len(self.steps)
         return sid
 
     def transform_layout(self, stage: StageRef, dim: int, src_step_id: int, level: int) -> None:

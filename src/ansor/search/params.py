@@ -19,6 +19,9 @@ SEARCH_DEFAULTS: dict[str, object] = {
     "disable_change_compute_location": False,
     # sampling
     "sample_init_min_population": 50,
+    "sample_init_fresh_ratio": 0.25,      # share of a round's random programs drawn anew; the rest
+                                          # are earlier rounds' unmeasured draws (features cached)
+    "sample_pool_size": 8192,             # earlier draws kept for reuse
     "max_sample_tries": 8,                # draws per requested program before giving up
     # evolutionary search
     "evolutionary_search_population": 2048,

@@ -39,6 +39,7 @@ class SketchPolicy(SearchPolicy):
         self.measured: list[tuple[float, State]] = []  # (cost, program) of successful measurements
         self.last_round: dict[str, float] = {}         # seconds per phase of the last round
         self._feature_cache: dict = {}
+        self._sample_pool: list = []  # random programs drawn in earlier rounds, newest last
         self._workers = None  # SearchWorkers, started on first use
         self._timers = {"features": 0.0, "predict": 0.0}
 
@@ -83,6 +84,21 @@ class SketchPolicy(SearchPolicy):
                     seen.add(g.key())
                     out.append(g)
         return out
+
+    def initial_population(self, n: int, measured_keys: set[str]) -> list:
+        """n distinct unmeasured random programs for a round: a fresh share
+        (`sample_init_fresh_ratio`) drawn now, the rest picked from earlier rounds' draws.
+        A random program is as random in its second round as in its first, and its features
+        are already cached, so reuse saves most of the sampling and featurizing time while
+        the pool keeps growing with every round's fresh draws."""
+        p = self.params
+        pool = [g for g in self._sample_pool if g.key() not in measured_keys]
+        n_fresh = n if not pool else min(n, max(1, math.ceil(p["sample_init_fresh_ratio"] * n)))
+        n_reused = min(len(pool), n - n_fresh)
+        fresh = self.sample_population(n - n_reused, measured_keys | {g.key() for g in pool})
+        reused = self.rng.sample(pool, n_reused)
+        self._sample_pool = (pool + fresh)[-p["sample_pool_size"]:]
+        return fresh + reused
 
     # --- one round --------------------------------------------------------------------------
     def next_batch(self, n: int, measured_keys: set[str]) -> list[State]:
@@ -138,7 +154,7 @@ class SketchPolicy(SearchPolicy):
         self._timers = {"features": 0.0, "predict": 0.0, "breed": 0.0}
         t0 = time.perf_counter()
         n_measured = min(len(self.measured), int(p["sample_init_use_measured_ratio"] * p["evolutionary_search_population"]))
-        init = self.sample_population(p["evolutionary_search_population"] - n_measured, measured_keys)
+        init = self.initial_population(p["evolutionary_search_population"] - n_measured, measured_keys)
         best_measured = [st for _, st in sorted(self.measured, key=lambda t: t[0])[:n_measured]]
         t1 = time.perf_counter()
         n_random = int(p["eps_greedy"] * n)

@@ -140,6 +140,9 @@ class Const(Expr):
     __slots__ = ("value",)
 
     def __init__(self, value: int | float | bool, dtype: str):
+        if dtype == "int32" and type(value) is int:  # the common case: loop and index arithmetic
+            self.dtype, self.value = dtype, value
+            return
         self.dtype = check_dtype(dtype)
         if is_int(dtype):
             value = int(value)
