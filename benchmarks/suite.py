@@ -8,6 +8,9 @@ median is kept (the spread of ansor's rounds is printed in parentheses).
 `--compare sketch.random` also tunes every workload with random sampling of the same space at the
 same budget and prints the per-workload and geometric-mean speedup of the full tuner over it.
 `--only NAME ...` runs a subset; budgets can be scaled down with the two --trials options.
+`--transfer-from DIR` gives the full tuner's database, before it tunes a workload, the records of
+every *other* workload found in DIR's databases, so its cost model starts from them (leave one
+workload out: a workload never learns from its own earlier records).
 """
 
 from __future__ import annotations
@@ -48,13 +51,36 @@ SUITE = [
 TIMING_ROUNDS = 5  # ansor and each baseline are timed in turn this many times; medians are kept
 
 
-def tune_and_build(name, shape, opts, trials, policy, seed, db_dir=None):
+def copy_other_workloads(task, source_dir: str, db_path: str) -> int:
+    """Copy into db_path the records of every workload but the task's, from the databases in
+    source_dir; returns how many records were copied."""
+    from ansor.database import Database
+
+    copied = 0
+    with Database(db_path) as dst:
+        for fname in sorted(os.listdir(source_dir)):
+            if not fname.endswith(".db") or os.path.abspath(os.path.join(source_dir, fname)) == os.path.abspath(db_path):
+                continue
+            with Database(os.path.join(source_dir, fname)) as src:
+                for wk in src.workload_keys():
+                    info = src.workload(wk)
+                    if wk == task.workload_key or info is None:
+                        continue
+                    dst.add_workload(wk, info["description"], info["flop"])
+                    copied += dst.add_records(src.records(wk, task.target.key))
+    return copied
+
+
+def tune_and_build(name, shape, opts, trials, policy, seed, db_dir=None, transfer_from=None):
     task = make_task(name, shape, **opts)
     if db_dir:
         os.makedirs(db_dir, exist_ok=True)
         db = os.path.join(db_dir, f"{name}-{'x'.join(map(str, shape))}-{policy}-seed{seed}.db")
     else:
         db = os.path.join(tempfile.mkdtemp(), "suite.db")
+    if transfer_from and policy == "sketch.xgb":
+        print(f"{name}: {copy_other_workloads(task, transfer_from, db)} records of other workloads "
+              f"from {transfer_from}", flush=True)
     t0 = time.time()
     res = ansor.tune(task, trials=trials, database=db, seed=seed, policy=policy)
     kernel = ansor.build(task, database=db)
@@ -95,6 +121,8 @@ def main() -> None:
     p.add_argument("--json", default=None)
     p.add_argument("--databases", default=None, help="keep each tuning run's records in this folder")
     p.add_argument("--curve", default=None, help="PNG of the matmul 1024 tuning curves")
+    p.add_argument("--transfer-from", default=None,
+                   help="folder of databases whose other workloads' records the full tuner starts from")
     args = p.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"# ansor suite; {platform.machine()} {os.cpu_count()} cores; commit {commit}; "
@@ -106,7 +134,7 @@ def main() -> None:
             continue
         trials = args.trials_matmul if name == "matmul" else args.trials
         task, inputs, kernel, res, wall = tune_and_build(name, shape, opts, trials, args.policy, args.seed,
-                                                           args.databases)
+                                                           args.databases, args.transfer_from)
         row = {"label": label, "workload": name, "shape": list(shape), "trials": trials, "flop": task.flop,
                "tune_wall_s": wall, "curve": res.curve}
         timers = {"ansor_s": lambda k=kernel: k.time(*inputs)}

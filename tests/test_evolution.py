@@ -164,3 +164,39 @@ def test_initial_population_reuses_earlier_draws_and_stays_unmeasured():
     assert not set(keys) & measured
     reused = set(keys) & {s.key() for s in first}
     assert len(reused) == 30  # 10 fresh draws, 30 from the 30 unmeasured earlier ones
+
+
+def _fake_records(db, task, n, seed):
+    """n sampled programs of `task` with made-up costs, stored as if measured (a cost model
+    learns from them; nothing here is compiled)."""
+    from ansor.database import Record
+
+    db.add_workload(task.workload_key, task.describe(), task.flop)
+    states = SketchPolicy(task, seed=seed).sample(n)
+    rng = random.Random(seed)
+    db.add_records(Record(task.workload_key, task.target.key, st.steps_json(), st.key(),
+                          (1e-3 * (1 + rng.random()),), 0) for st in states)
+    return states
+
+
+def test_cost_model_starts_from_other_workloads_of_the_database(tmp_path):
+    """With programs of another workload in the database, the full tuner's model is trained
+    before this task's first batch: its scores are predictions, not random draws."""
+    from ansor.database import Database
+    from ansor.tuner import MIN_TRANSFER_PROGRAMS, transfer_model
+
+    db = Database(str(tmp_path / "t.db"))
+    other = make_task("matmul", (32, 32, 32))
+    task = make_task("matmul", (16, 48, 16))
+    assert transfer_model(task, db, 0, 4000) is None  # nothing to start from
+    _fake_records(db, other, MIN_TRANSFER_PROGRAMS + 16, seed=1)
+    _fake_records(db, task, 8, seed=2)  # the task's own records are not prior knowledge
+    model = transfer_model(task, db, 0, 4000)
+    assert model is not None and model.num_prior == MIN_TRANSFER_PROGRAMS + 16 and model.num_records == 0
+    assert transfer_model(task, db, 0, 0) is None
+    policy = SketchPolicy(task, seed=3, cost_model=model)
+    states = policy.sample(12)
+    first, again = policy.score(states), policy.score(states)
+    np.testing.assert_array_equal(first, again)  # a trained model, not random warm-up scores
+    assert len(set(np.round(first, 6))) > 1
+    db.close()

@@ -20,7 +20,10 @@ TUNE_DEFAULTS = {
     "timeout": 10.0,           # seconds a kernel may run before it counts as hung
     "confirm_best": 4,         # programs measured again at the end of a job (not counted as trials):
                                # the fastest of many noisy measurements is often a lucky one
+    "transfer_programs": 4000, # measured programs of the database's other workloads (same target)
+                               # that the cost model starts from; 0: learn from this task alone
 }
+MIN_TRANSFER_PROGRAMS = 64     # fewer than this: not worth starting from
 
 
 @dataclass
@@ -84,7 +87,8 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
          policy: str | SearchPolicy = "sketch.xgb", measures_per_round: int = TUNE_DEFAULTS["measures_per_round"],
          timing: TimingPolicy | None = None, progress: bool = True,
          callback: Callable[[TuneResult], None] | None = None,
-         confirm_best: int = TUNE_DEFAULTS["confirm_best"]) -> TuneResult | list[TuneResult]:
+         confirm_best: int = TUNE_DEFAULTS["confirm_best"],
+         transfer_programs: int = TUNE_DEFAULTS["transfer_programs"]) -> TuneResult | list[TuneResult]:
     """Search for fast programs of one task, or of several (which for now split the trial
     budget evenly, in order; Ansor's gradient task scheduler is not built yet).
 
@@ -92,6 +96,10 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
     most one round, and programs already in the database are never measured again by the
     search; at the end, the `confirm_best` fastest are measured once more (not counted as
     trials) and the best is decided on all their measurements.
+
+    With the full tuner, the cost model first learns from up to `transfer_programs` measured
+    programs of the database's other workloads on the same target, so that even the first
+    batch is chosen by a model rather than at random.
     """
     single = isinstance(tasks, Task)
     task_list = [tasks] if single else list(tasks)
@@ -109,7 +117,7 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
         for t, res, budget in zip(task_list, results, budgets):
             task_policy = policy if single or isinstance(policy, str) else "sketch.xgb"
             _tune_one(t, res, budget, db, timeout, seed, task_policy, measures_per_round,
-                      timing, progress, callback, confirm_best)
+                      timing, progress, callback, confirm_best, transfer_programs)
     finally:
         if owned:
             db.close()
@@ -144,15 +152,36 @@ def _confirm_best(task: Task, res: TuneResult, db: Database, measurer: ProgramMe
         res.best_steps = best[0].steps
 
 
+def transfer_model(task: Task, db: Database, seed: int | None, max_programs: int):
+    """An XGBModel that has learned from the database's other workloads on the task's target
+    (at most `max_programs` programs, the most recent of each workload in equal shares);
+    None when there are fewer than MIN_TRANSFER_PROGRAMS."""
+    from ansor.costmodel.dataset import load_dataset
+    from ansor.costmodel.model import XGBModel
+
+    others = [wk for wk in db.workload_keys() if wk != task.workload_key]
+    if max_programs <= 0 or not others:
+        return None
+    data = load_dataset(db, task.target.key, exclude_workloads={task.workload_key},
+                        max_per_workload=max(1, max_programs // len(others)))
+    if len(data.costs) < MIN_TRANSFER_PROGRAMS:
+        return None
+    model = XGBModel(seed=seed if seed is not None else 43)
+    model.set_prior(data.features, data.costs, data.groups)
+    return model
+
+
 def _tune_one(task: Task, res: TuneResult, budget: int, db: Database, timeout: float, seed: int | None,
               policy: str | SearchPolicy, per_round: int, timing: TimingPolicy | None, progress: bool,
-              callback, confirm_best: int) -> None:
+              callback, confirm_best: int, transfer_programs: int) -> None:
     from ansor.report import TuneProgress
 
     start = time.time()
     model_file = model_path(db, task.target.key)
     cost_model = None
-    if policy == "sketch.xgb" and model_file is not None and model_file.exists():
+    if policy == "sketch.xgb":
+        cost_model = transfer_model(task, db, seed, transfer_programs)
+    if cost_model is None and policy == "sketch.xgb" and model_file is not None and model_file.exists():
         from ansor.costmodel.model import XGBModel
 
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Collection
 
 import numpy as np
 
@@ -18,9 +19,11 @@ class Dataset:
     skipped: int = 0
 
 
-def load_dataset(db: Database, target_key: str) -> Dataset:
+def load_dataset(db: Database, target_key: str, exclude_workloads: Collection[str] = (),
+                 max_per_workload: int | None = None) -> Dataset:
     """One sample per program of the target whose workload the process can rebuild (named
-    workloads and any DAG registered in this process)."""
+    workloads and any DAG registered in this process); workloads in `exclude_workloads` are
+    left out, and at most `max_per_workload` programs (the most recent) are kept of each."""
     from ansor.costmodel.features import features_for_states
     from ansor.schedule.state import ScheduleError, State
     from ansor.schedule.steps import steps_from_json
@@ -28,6 +31,8 @@ def load_dataset(db: Database, target_key: str) -> Dataset:
 
     out = Dataset()
     for wk in db.workload_keys():
+        if wk in exclude_workloads:
+            continue
         desc = db.workload(wk)
         dag = dag_from_description(desc["description"]) if desc else None
         recs = db.records(wk, target_key)
@@ -37,7 +42,10 @@ def load_dataset(db: Database, target_key: str) -> Dataset:
         states, costs = [], []
         # one sample per program (the tuner re-measures its leaders), so that a program is in
         # only one side of a train/test split; its cost is the median of all its ok runs
-        for rec, runs in pool_runs(recs):
+        pooled = pool_runs(recs)
+        if max_per_workload is not None:
+            pooled = pooled[-max_per_workload:] if max_per_workload > 0 else []
+        for rec, runs in pooled:
             try:
                 states.append(State.replay(dag, steps_from_json(rec.steps)))
             except ScheduleError:

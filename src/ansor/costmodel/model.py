@@ -180,6 +180,10 @@ class XGBModel(CostModel):
     random scores, since a model fit on a handful of programs ranks worse than
     chance would explore. A model restored with :meth:`load` is trusted at once and
     kept until more than ``num_warmup_sample`` new programs allow a local refit.
+
+    :meth:`set_prior` adds measured programs of *other* tasks: they are part of every fit,
+    so the model ranks the new task's programs from its first batch on (throughputs are
+    normalized per task, and what makes a loop nest fast transfers between tasks).
     """
 
     def __init__(
@@ -225,6 +229,7 @@ class XGBModel(CostModel):
         self._features: list[np.ndarray] = []
         self._costs: list[float] = []
         self._groups: list[str] = []
+        self._prior: tuple[list[np.ndarray], list[float], list[str]] = ([], [], [])
         self._last_train_size = 0
 
     # ------------------------------------------------------------------ training
@@ -233,6 +238,26 @@ class XGBModel(CostModel):
     def num_records(self) -> int:
         """Programs seen through :meth:`update`."""
         return len(self._costs)
+
+    @property
+    def num_prior(self) -> int:
+        """Programs of other tasks given to :meth:`set_prior`."""
+        return len(self._prior[1])
+
+    def set_prior(self, features: Sequence[np.ndarray], costs: Sequence[float], groups: Sequence[str]) -> None:
+        """Learn from measured programs of other tasks (groups name their tasks), now and in
+        every later fit. No warm-up is needed after this."""
+        if not (len(features) == len(costs) == len(groups)):
+            raise ValueError("features, costs and groups must have the same length")
+        mats = []
+        for f in features:
+            m = _as_matrix(f, self.n_features)
+            if self.n_features is None and m.shape[0] > 0:
+                self.n_features = m.shape[1]
+            mats.append(m)
+        self._prior = (mats, [float(c) for c in costs], [str(g) for g in groups])
+        if self.num_prior:
+            self._fit()
 
     def update(self, features: Sequence[np.ndarray], costs: Sequence[float], groups: Sequence[str]) -> None:
         if not (len(features) == len(costs) == len(groups)):
@@ -246,7 +271,7 @@ class XGBModel(CostModel):
         self._groups.extend(str(g) for g in groups)
 
         n = self.num_records
-        if n <= self.num_warmup_sample:
+        if n <= self.num_warmup_sample and not self.num_prior:
             return  # predictions stay random (or come from a loaded model) until past warm-up
         grew = n - self._last_train_size
         if self.adaptive_training and self.booster is not None and grew < self._last_train_size / 5:
@@ -258,8 +283,9 @@ class XGBModel(CostModel):
         import xgboost as xgb
 
         start = time.perf_counter()
-        labels = normalized_throughputs(self._costs, self._groups)
-        rows, pack_ids, valid, self.n_features = _pack(self._features, self.n_features)
+        prior_f, prior_c, prior_g = self._prior
+        labels = normalized_throughputs(prior_c + self._costs, prior_g + self._groups)
+        rows, pack_ids, valid, self.n_features = _pack(prior_f + self._features, self.n_features)
         self._last_train_size = self.num_records
         if rows.shape[0] == 0:
             return
@@ -314,7 +340,8 @@ class XGBModel(CostModel):
     def predict(self, features: Sequence[np.ndarray]) -> np.ndarray:
         n = len(features)
         rows, pack_ids, valid, _ = _pack(features, self.n_features)
-        if self.booster is not None and (self.loaded or self.num_records > self.num_warmup_sample):
+        trusted = self.loaded or self.num_prior or self.num_records > self.num_warmup_sample
+        if self.booster is not None and trusted:
             scores = np.zeros(n, dtype=np.float64)
             if rows.shape[0]:
                 raw = self.booster.inplace_predict(rows, validate_features=False)
