@@ -299,3 +299,25 @@ def test_evaluate_split_reports_held_out_metrics():
     assert res["pairwise_accuracy"] > 0.75 and res["r2"] > 0.5 and 0.0 <= res["topk_recall"] <= 1.0
     again = evaluate_split(f, c, groups, test_fraction=0.2, seed=0, k=5, model_kwargs={"n_threads": 1})
     assert again["pairwise_accuracy"] == res["pairwise_accuracy"] and again["r2"] == res["r2"]  # seeded split
+
+
+def test_prior_programs_of_other_tasks_train_the_model_before_any_own_data():
+    """Programs of other tasks (a hidden speed law shared by all tasks, each on its own scale)
+    let a model rank a new task's programs with no warm-up, and stay in every later fit."""
+    prior_f, prior_c, prior_g = [], [], []
+    for t, scale in enumerate((1.0, 30.0, 0.01)):
+        f, c = _dataset(200, seed=10 + t, scale=scale)
+        prior_f += f
+        prior_c += c
+        prior_g += [f"task{t}"] * len(c)
+    model = XGBModel(num_warmup_sample=100, n_threads=1)
+    model.set_prior(prior_f, prior_c, prior_g)
+    assert model.num_prior == 600 and model.num_records == 0
+    test_f, test_c = _dataset(200, seed=20, scale=5.0)
+    pred = model.predict(test_f)
+    assert pairwise_accuracy(pred, 1.0 / np.asarray(test_c)) > 0.75
+    own_f, own_c = _dataset(10, seed=21, scale=5.0)
+    model.update(own_f, own_c, ["new"] * 10)  # inside warm-up: with a prior it refits anyway
+    assert model.last_fit_info["programs"] == 610
+    with pytest.raises(ValueError):
+        model.set_prior(prior_f[:2], prior_c[:3], prior_g[:2])

@@ -6,6 +6,8 @@ import argparse
 import math
 import sys
 
+from ansor.tuner import TUNE_DEFAULTS
+
 DESCRIPTION = """\
 ansor finds fast CPU kernels for tensor computations by search: it generates candidate
 programs (tilings, loop orders, parallel/vector/unroll choices), compiles and times each one,
@@ -51,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "model), sketch.random (random sampling of the sketches) or basic")
     tune.add_argument("--timeout", type=float, default=10.0, help="seconds before a kernel counts as hung")
     tune.add_argument("--per-round", type=int, default=64, help="programs measured per round")
+    tune.add_argument("--transfer-programs", type=int, default=TUNE_DEFAULTS["transfer_programs"],
+                      help="measured programs of the database's other workloads the cost model starts "
+                           "from (0: learn from this workload alone)")
     tune.add_argument("--stride", type=int, default=None)
     tune.add_argument("--padding", type=int, default=None)
     tune.add_argument("--dilation", type=int, default=None)
@@ -206,7 +211,8 @@ def cmd_tune(args) -> int:
     console.print(f"[bold]ansor[/] tuning [cyan]{args.workload}[/] {list(task.outputs[0].shape)} "
                   f"({task.flop / 1e9:.3f} GFLOP) on {task.target.key}; records: {db_path}")
     result = ansor.tune(task, trials=args.trials, database=db_path, seed=args.seed, policy=args.policy,
-                        timeout=args.timeout, measures_per_round=args.per_round, progress=not args.quiet)
+                        timeout=args.timeout, measures_per_round=args.per_round, progress=not args.quiet,
+                        transfer_programs=args.transfer_programs)
     console.print(f"measured {result.trials} programs in {result.seconds:.1f} s "
                   f"({result.errors} errors)")
     if args.plot and result.curve:

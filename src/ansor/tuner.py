@@ -199,6 +199,9 @@ def _tune_one(task: Task, res: TuneResult, budget: int, db: Database, timeout: f
     measurer = ProgramMeasurer(task, db, timeout=timeout, timing=timing, seed=0)
     try:
         with TuneProgress(task, budget, enabled=progress) as bar:
+            if cost_model is not None and getattr(cost_model, "num_prior", 0):
+                bar.note(f"cost model starts from {cost_model.num_prior} measured programs of other "
+                         f"workloads in the database")
             while res.trials < budget:
                 states = pol.next_batch(min(per_round, budget - res.trials), measured)
                 if not states:

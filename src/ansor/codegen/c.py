@@ -51,7 +51,7 @@ static inline int64_t ansor_min_i64(int64_t a, int64_t b) { return a < b ? a : b
 
 /* float32 exp, erf, tanh, log that gcc vectorizes inside `omp simd` loops (it keeps libm's expf
    etc. as scalar calls without -ffast-math). Only selects, integer bit tricks and mul/add: no
-   calls, no branches, and no float op inside a ?: arm (-ftrapping-math keeps those branches).
+   calls, no branches, and no float op inside a ?: arm (with trapping math such arms stay branches).
    Accuracy, checked over every float against double libm: exp <= 1.1 ulp (results below
    FLT_MIN flushed to 0), erf <= 5e-7 absolute, tanh <= 3e-7 absolute, log <= 1 ulp. */
 #define ANSOR_VECMATH static inline __attribute__((always_inline)) float
