@@ -45,6 +45,11 @@ class Target:
             return f"cpu-{platform.machine() or 'unknown'}-{self.isa}-{self.num_cores}c"
         return f"{self.kind}-{self.isa}"
 
+    @property
+    def vector_registers(self) -> int:
+        """Architectural vector registers (zmm0-31 with AVX-512, ymm/xmm0-15 otherwise)."""
+        return 32 if self.isa == "avx512" else 16
+
     def describe(self) -> dict:
         return asdict(self)
 

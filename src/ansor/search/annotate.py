@@ -72,19 +72,25 @@ def register_level_splits(steps: list) -> set[int]:
     return {i for i, step in undecided if len(step.lengths) >= 2 and len(step.lengths) == levels[step.stage_id]}
 
 
-REGISTER_ACCUMULATORS = 24  # vector registers a register tile may fill (of AVX-512's 32: the rest
+REGISTER_ACCUMULATORS = 24  # default register-tile budget in vectors (of AVX-512's 32: the rest
                             # hold the operands of one step of the reduction)
 
 
+def register_tile_vectors(params: dict, vector_registers: int) -> int:
+    """The register tile's budget in accumulator vectors: the parameter, or three quarters of
+    the target's registers when it is 0."""
+    return params["register_tile_vectors"] or (3 * vector_registers) // 4
+
+
 def fill_tile_sizes(dag, steps: list, rng: random.Random, max_innermost: int, vector_lanes: int = 0,
-                    register_tile_prob: float = 0.0) -> State:
+                    register_tile_prob: float = 0.0, register_vectors: int = REGISTER_ACCUMULATORS) -> State:
     """Replay a sketch's steps with every undecided split length sampled.
 
     With probability `register_tile_prob` the program gets a register tile: the second
     innermost level of every tiled spatial axis is 1, so the reduction loops (which the
     tiling structure puts on both sides of that level) all sit right around the innermost
     tile, and an accumulator tile computed at the level above is exactly that tile. Its size
-    is drawn to fit `REGISTER_ACCUMULATORS` vectors of `vector_lanes` floats (redrawn a few
+    is drawn to fit `register_vectors` vectors of `vector_lanes` floats (redrawn a few
     times). Uniform sampling rarely draws length 1 on every axis at once."""
     register = register_level_splits(steps) if rng.random() < register_tile_prob else set()
     drawn: dict[int, tuple[int, ...]] = {}
@@ -93,7 +99,7 @@ def fill_tile_sizes(dag, steps: list, rng: random.Random, max_innermost: int, ve
         tile: dict[int, int] = {}
         for i, lengths in drawn.items():
             tile[steps[i].stage_id] = tile.get(steps[i].stage_id, 1) * lengths[-1]
-        if vector_lanes <= 1 or all(t <= REGISTER_ACCUMULATORS * vector_lanes for t in tile.values()):
+        if vector_lanes <= 1 or all(t <= register_vectors * vector_lanes for t in tile.values()):
             break
     filled = []
     for i, step in enumerate(steps):
@@ -240,12 +246,13 @@ def _split_for_vectorize(state: State, sid: int, rng: random.Random, max_size: i
 
 
 def annotate(sketch_steps: list, dag, rng: random.Random, params: dict, num_cores: int,
-             vector_lanes: int = 0) -> State | None:
+             vector_lanes: int = 0, vector_registers: int = 32) -> State | None:
     """One complete program from a sketch, or None if the sample turned out illegal.
-    `vector_lanes` (float32 lanes of the target's vector unit) biases innermost tiles."""
+    `vector_lanes` (float32 lanes of the target's vector unit) biases innermost tiles;
+    `vector_registers` bounds register tiles."""
     try:
         s = fill_tile_sizes(dag, sketch_steps, rng, params["max_innermost_split_factor"], vector_lanes,
-                            params["register_tile_prob"])
+                            params["register_tile_prob"], register_tile_vectors(params, vector_registers))
         if not params["disable_change_compute_location"]:
             change_compute_locations(s, rng)
         cores = max(1, num_cores)

@@ -12,6 +12,9 @@ SEARCH_DEFAULTS: dict[str, object] = {
     "vector_tile_bias": True,             # half the innermost tile draws: a multiple of the vector lanes
     "register_tile_prob": 0.25,           # share of programs whose spatial tiles are register tiles
                                           # (second innermost spatial level 1 on every axis)
+    "register_tile_vectors": 0,           # accumulator vectors a register tile may fill; 0: three
+                                          # quarters of the target's vector registers (24 of AVX-512's
+                                          # 32, 12 of AVX2's 16: the rest hold one reduction step's operands)
     "max_vectorize_size": 64,             # elements in a vectorized loop (64 floats: 4 zmm registers)
     "auto_unroll_max_step_choices": (0, 16, 64, 512),
     "parallel_degree_per_core": 16,       # stop fusing outer loops beyond 16 x cores

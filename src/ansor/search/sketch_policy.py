@@ -36,6 +36,8 @@ class SketchPolicy(SearchPolicy):
         if not self.sketches:
             raise ValueError(f"no sketch could be derived for task {task.name!r}")
         self.vector_lanes = task.target.vector_unit_bytes // 4 if self.params["vector_tile_bias"] else 0
+        # what annotation needs of the machine: cores, float32 lanes, vector registers
+        self.hardware = (task.target.num_cores, self.vector_lanes, task.target.vector_registers)
         self.measured: list[tuple[float, State]] = []  # (cost, program) of successful measurements
         self.last_round: dict[str, float] = {}         # seconds per phase of the last round
         self._feature_cache: dict = {}
@@ -53,8 +55,7 @@ class SketchPolicy(SearchPolicy):
         while len(out) < n and tries < max_tries:
             tries += 1
             sketch = self.rng.choice(self.sketches)
-            st = annotate(sketch.steps, self.task.dag, self.rng, self.params, self.task.target.num_cores,
-                          self.vector_lanes)
+            st = annotate(sketch.steps, self.task.dag, self.rng, self.params, *self.hardware)
             if st is None:
                 continue
             key = st.key()
@@ -78,7 +79,7 @@ class SketchPolicy(SearchPolicy):
             if want <= 0:
                 break
             drawn = workers.sample(sketches, want + want // 8 + 8, self.rng.randrange(2**31), self.params,
-                                   (self.task.target.num_cores, self.vector_lanes), self._feature_cache)
+                                   self.hardware, self._feature_cache)
             for g in drawn:
                 if g is not None and g.key() not in seen and len(out) < n:
                     seen.add(g.key())

@@ -62,9 +62,9 @@ def _breed_chunk(args: tuple) -> list[tuple | None]:
 
 def _sample_chunk(args: tuple) -> list[tuple | None]:
     """Randomly annotated programs of the given sketches: (steps, key, features) or None."""
-    sketches, count, seed, params, (num_cores, vector_lanes) = args
+    sketches, count, seed, params, hardware = args
     rng = random.Random(seed)
-    return [_packed(annotate(rng.choice(sketches), _WORKER_DAG, rng, params, num_cores, vector_lanes))
+    return [_packed(annotate(rng.choice(sketches), _WORKER_DAG, rng, params, *hardware))
             for _ in range(count)]
 
 
@@ -109,12 +109,13 @@ class SearchWorkers:
             out.extend(part)
         return out
 
-    def sample(self, sketches: list, count: int, seed: int, params: dict, cores_and_lanes: tuple[int, int],
+    def sample(self, sketches: list, count: int, seed: int, params: dict, hardware: tuple[int, int, int],
                memo: dict) -> list:
         """`count` draws of random annotation (Genomes, None where annotation failed), spread
-        over the workers; their features go into `memo`."""
+        over the workers; their features go into `memo`. `hardware`: annotate's (num_cores,
+        vector_lanes, vector_registers)."""
         per = -(-count // (self.n_workers * 4))
-        jobs = [(sketches, min(per, count - i), chunk_seed(seed, c), params, cores_and_lanes)
+        jobs = [(sketches, min(per, count - i), chunk_seed(seed, c), params, hardware)
                 for c, i in enumerate(range(0, count, per))]
         return self._collect(self._ensure_pool().map(_sample_chunk, jobs), memo)
 
