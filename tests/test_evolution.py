@@ -106,6 +106,29 @@ def test_search_round_with_a_model_proposes_unmeasured_programs():
     assert set(policy.last_round) >= {"sample_s", "features_s", "predict_s", "evolution_s"}
 
 
+def test_warm_up_batches_are_sampled_and_a_trained_model_evolves():
+    """While the model's scores are random (warm-up) a batch is plain random sampling, not a
+    search round; once it is trained, batches come from evolution."""
+    from ansor.database import Record
+    from ansor.measurer import MeasureResult
+
+    task = make_task("matmul", (32, 32, 32))
+    model = XGBModel(num_warmup_sample=8)
+    policy = SketchPolicy(task, seed=7, cost_model=model,
+                          params={"evolutionary_search_population": 32, "evolutionary_search_num_iters": 1})
+    assert not model.trusted
+    first = policy.next_batch(6, set())
+    assert len(first) == 6 and policy.last_round == {}
+    states = policy.sample(12)
+    policy.update([MeasureResult(st, Record(task.workload_key, "t", st.steps_json(), st.key(), (1e-3 * (i + 1),), 0))
+                   for i, st in enumerate(states)])
+    assert model.trusted
+    measured = {st.key() for st in states}
+    batch = policy.next_batch(6, measured)
+    assert 0 < len(batch) <= 6 and not {s.key() for s in batch} & measured
+    assert policy.last_round["total_s"] > 0
+
+
 def test_policy_learns_from_measurements():
     from ansor.database import Record
     from ansor.measurer import MeasureResult

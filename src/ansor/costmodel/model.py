@@ -337,11 +337,16 @@ class XGBModel(CostModel):
 
     # ------------------------------------------------------------------ inference
 
+    @property
+    def trusted(self) -> bool:
+        """Whether predictions come from a trained booster (else they are random: warm-up)."""
+        return self.booster is not None and bool(
+            self.loaded or self.num_prior or self.num_records > self.num_warmup_sample)
+
     def predict(self, features: Sequence[np.ndarray]) -> np.ndarray:
         n = len(features)
         rows, pack_ids, valid, _ = _pack(features, self.n_features)
-        trusted = self.loaded or self.num_prior or self.num_records > self.num_warmup_sample
-        if self.booster is not None and trusted:
+        if self.trusted:
             scores = np.zeros(n, dtype=np.float64)
             if rows.shape[0]:
                 raw = self.booster.inplace_predict(rows, validate_features=False)

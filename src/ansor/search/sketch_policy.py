@@ -103,7 +103,9 @@ class SketchPolicy(SearchPolicy):
 
     # --- one round --------------------------------------------------------------------------
     def next_batch(self, n: int, measured_keys: set[str]) -> list[State]:
-        if self.cost_model is None:
+        # while a learned model is still warming up its scores are random: evolving a population
+        # on them would cost a full search round and pick random programs anyway
+        if self.cost_model is None or getattr(self.cost_model, "trusted", True) is False:
             return self.sample(n, measured_keys)
         return self.search_round(n, measured_keys)
 
