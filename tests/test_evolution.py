@@ -129,6 +129,33 @@ def test_warm_up_batches_are_sampled_and_a_trained_model_evolves():
     assert policy.last_round["total_s"] > 0
 
 
+def test_a_batch_spreads_over_tilings_while_following_the_ranking():
+    """At most `per_tiling` picks share a multi-level tiling while other tilings are ranked;
+    the rest of the batch is filled in rank order when they run out."""
+    from ansor.search.sketch_policy import diverse_best, tiling_signature
+
+    task = make_task("matmul", (64, 64, 64))
+    policy = SketchPolicy(task, seed=8)
+    base = policy.sample(1)[0]
+    sig = tiling_signature(base)
+    assert sig and all(len(lengths) >= 2 for _, lengths in sig)
+    same = [base]  # variants of one tiling: only the unroll depth differs
+    for k in range(12):
+        st = MUTATIONS["auto_unroll"](base, random.Random(k), policy.params)
+        if st is not None and st.key() not in {s.key() for s in same}:
+            same.append(st)
+    others = [st for st in policy.sample(40) if tiling_signature(st) != sig]
+    assert len(same) >= 2 and all(tiling_signature(st) == sig for st in same)
+    assert len({tiling_signature(st) for st in others}) >= 3
+    ranked = same + others
+
+    picks = diverse_best(ranked, 4, per_tiling=1)
+    assert picks[0] is base and len({tiling_signature(p) for p in picks}) == 4
+    everything = diverse_best(ranked, len(ranked), per_tiling=1)  # cap lifted when tilings run out
+    assert sorted(p.key() for p in everything) == sorted({p.key() for p in ranked})
+    assert [p.key() for p in diverse_best(ranked, 3, per_tiling=0)] == [p.key() for p in ranked[:3]]
+
+
 def test_policy_learns_from_measurements():
     from ansor.database import Record
     from ansor.measurer import MeasureResult

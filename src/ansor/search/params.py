@@ -33,6 +33,8 @@ SEARCH_DEFAULTS: dict[str, object] = {
     "crossover_prob": 0.05,
     "sample_init_use_measured_ratio": 0.2,
     "eps_greedy": 0.05,
+    "max_picks_per_tiling": 8,            # a batch measures at most this many programs with the same
+                                          # multi-level tiling (0: no limit; the reference has none)
     "feature_cache_size": 100_000,        # programs whose features are kept between rounds
     "search_workers": 0,                  # processes breeding children and extracting features
                                           # (0: one per core; 1: all in the search process)

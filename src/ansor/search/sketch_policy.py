@@ -12,7 +12,7 @@ import time
 from typing import Sequence
 
 from ansor.schedule.state import ScheduleError, State
-from ansor.schedule.steps import steps_from_json
+from ansor.schedule.steps import SplitStep, steps_from_json
 from ansor.search.annotate import annotate
 from ansor.search.params import search_params
 from ansor.search.policy import SearchPolicy
@@ -162,17 +162,14 @@ class SketchPolicy(SearchPolicy):
         t1 = time.perf_counter()
         n_random = int(p["eps_greedy"] * n)
         stats: dict = {}
-        ranked = evolve(init + best_measured, self.score, self.rng, p, measured_keys, out_size=2 * n, stats=stats,
+        ranked = evolve(init + best_measured, self.score, self.rng, p, measured_keys, out_size=4 * n, stats=stats,
                         breed=self.breed)
         t2 = time.perf_counter()
         picks: list[State] = []
         chosen: set[str] = set()
-        for _, st in ranked:
-            if len(picks) >= n - n_random:
-                break
-            if st.key() not in chosen:
-                picks.append(as_state(st))
-                chosen.add(st.key())
+        for st in diverse_best([st for _, st in ranked], n - n_random, p["max_picks_per_tiling"]):
+            picks.append(as_state(st))
+            chosen.add(st.key())
         pool = [st for st in init if st.key() not in chosen and st.key() not in measured_keys]
         self.rng.shuffle(pool)
         for st in pool:
@@ -216,3 +213,39 @@ class SketchPolicy(SearchPolicy):
                 continue
             results.append(MeasureResult(st, rec))
         self.update(results)
+
+
+def tiling_signature(program) -> tuple:
+    """The multi-level tiling decision of a program: the lengths of every split that has the
+    most levels of its stage (two or more), by stage. Programs that differ only in unrolling,
+    parallel granularity or reduction splits share it."""
+    deepest: dict[int, int] = {}
+    splits = [s for s in program.steps if isinstance(s, SplitStep)]
+    for s in splits:
+        deepest[s.stage_id] = max(deepest.get(s.stage_id, 0), len(s.lengths))
+    return tuple((s.stage_id, s.lengths) for s in splits
+                 if len(s.lengths) >= 2 and len(s.lengths) == deepest[s.stage_id])
+
+
+def diverse_best(ranked: Sequence, n: int, per_tiling: int) -> list:
+    """Up to n distinct programs from `ranked` (best first), at most `per_tiling` with the same
+    tiling while others remain. Without the cap a batch tends to be 64 near-copies of one
+    tiling the model over-rates, and measuring them teaches it little; with it, the batch still
+    follows the model's ranking but covers several tilings. 0: no cap."""
+    picks: list = []
+    keys: set[str] = set()
+    per: dict[tuple, int] = {}
+    for capped in ((True, False) if per_tiling else (False,)):
+        for st in ranked:
+            if len(picks) >= n:
+                return picks
+            if st.key() in keys:
+                continue
+            if capped:
+                sig = tiling_signature(st)
+                if per.get(sig, 0) >= per_tiling:
+                    continue
+                per[sig] = per.get(sig, 0) + 1
+            picks.append(st)
+            keys.add(st.key())
+    return picks
