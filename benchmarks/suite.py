@@ -57,6 +57,7 @@ def copy_other_workloads(task, source_dir: str, db_path: str) -> int:
     from ansor.database import Database
 
     copied = 0
+    seen: set[tuple] = set()  # a database that received copies holds them too: copy each record once
     with Database(db_path) as dst:
         for fname in sorted(os.listdir(source_dir)):
             if not fname.endswith(".db") or os.path.abspath(os.path.join(source_dir, fname)) == os.path.abspath(db_path):
@@ -66,8 +67,14 @@ def copy_other_workloads(task, source_dir: str, db_path: str) -> int:
                     info = src.workload(wk)
                     if wk == task.workload_key or info is None:
                         continue
+                    fresh = []
+                    for rec in src.records(wk, task.target.key):
+                        ident = (rec.workload_key, rec.state_key, rec.costs, rec.error_no)
+                        if ident not in seen:
+                            seen.add(ident)
+                            fresh.append(rec)
                     dst.add_workload(wk, info["description"], info["flop"])
-                    copied += dst.add_records(src.records(wk, task.target.key))
+                    copied += dst.add_records(fresh)
     return copied
 
 
