@@ -230,7 +230,10 @@ def cmd_tune(args) -> int:
     if problem:
         console.print(f"[red]the built kernel disagrees with the reference: {problem}[/]")
         return 1
-    rows = [("ansor (best record)", kernel.time(*inputs), "checked against numpy reference")]
+    rows = [("ansor (best record)", kernel.time(*inputs), "checked against numpy reference"
+             + (f"; {', '.join(kernel.constant_inputs)} packed ahead of the calls" if kernel.packs_ahead else ""))]
+    if kernel.packs_ahead:
+        rows.append(("ansor, packing in every call", kernel.time(*inputs, include_prepack=True), "kernel(...) without bind()"))
     w = WORKLOADS[args.workload]
     if not args.no_baseline:
         if w.numpy_fn is not None:

@@ -203,7 +203,8 @@ class ComputeDAG:
         lines = []
         for t, name in zip(self.tensors, self.names):
             if isinstance(t.op, PlaceholderOp):
-                lines.append(f"{name} = placeholder({list(t.shape)}, {t.dtype})")
+                lines.append(f"{name} = placeholder({list(t.shape)}, {t.dtype}"
+                             + (", constant)" if t.op.constant else ")"))
             else:
                 axes = ", ".join(a.name for a in t.op.axes)
                 lines.append(f"{name}[{axes}] = {expr_to_str(t.op.body)}")
@@ -232,7 +233,8 @@ def canonical_form(dag: ComputeDAG) -> list:
     for t in dag.tensors:
         op = t.op
         if isinstance(op, PlaceholderOp):
-            stages.append(["placeholder", list(op.shape), op.dtype])
+            # constant inputs change what is timed (their packing is not), so they change the key
+            stages.append(["placeholder", list(op.shape), op.dtype] + (["constant"] if op.constant else []))
             continue
         var_names = {id(a): f"s{p}" for p, a in enumerate(op.axes)}
         var_names.update({id(a): f"r{p}" for p, a in enumerate(op.reduce_axes)})

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import statistics
+import time
 from typing import Sequence
 
 import numpy as np
 
 from ansor.codegen import generate_source
 from ansor.database import Database, Record
-from ansor.measure import Builder, KernelLibrary, MeasureErrorNo, TimingPolicy, aligned_empty, time_function
+from ansor.measure import (Builder, KernelLibrary, MeasureErrorNo, TimingPolicy, aligned_copy, aligned_empty,
+                           time_function)
+from ansor.measure.timing import measure_costs
 from ansor.schedule.state import ScheduleError, State
 from ansor.schedule.steps import steps_from_json
 from ansor.task import Task
@@ -26,6 +30,18 @@ class Kernel:
         self.lib_path = lib_path
         self.record = record
         self._lib = KernelLibrary(lib_path, func_name)
+        self._packed = self._lib.packed_buffers()
+
+    @property
+    def constant_inputs(self) -> list[str]:
+        """Names of the inputs declared constant (weights): `bind` fixes them."""
+        return [t.name for t in self.task.inputs if t.op.constant]
+
+    @property
+    def packs_ahead(self) -> bool:
+        """Whether the program has work that depends on constant inputs alone (a weight copied
+        into a tiled layout), which `bind` does once instead of in every call."""
+        return bool(self._lib.packed_nbytes)
 
     @property
     def schedule(self) -> str:
@@ -72,17 +88,86 @@ class Kernel:
         (`ansor.measure.aligned_copy`) run at the speed measured during tuning."""
         arrays = self._check_inputs(inputs)
         outputs = self._outputs(out)
-        self._lib(arrays + outputs)
+        buffers = arrays + outputs + self._packed
+        self._lib.prepack(buffers)  # the constants may differ from the last call's: pack them again
+        self._lib(buffers)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def time(self, *inputs: np.ndarray, timing: TimingPolicy | None = None) -> float:
-        """Median seconds per call (in this process)."""
+    def bind(self, **constants: np.ndarray) -> "BoundKernel":
+        """This kernel with its constant inputs fixed (copied) and packed once; the result is
+        called with the other inputs only, and runs at the speed measured during tuning."""
+        return BoundKernel(self, constants)
+
+    def time(self, *inputs: np.ndarray, timing: TimingPolicy | None = None,
+             include_prepack: bool = False) -> float:
+        """Median seconds per call (in this process). Constant inputs are packed once, before
+        the timed calls, as during tuning; `include_prepack` times packing in every call instead
+        (what `kernel(...)` costs without `bind`)."""
         arrays = self._check_inputs(inputs)
-        res = time_function(self.lib_path, self.func_name, arrays, self._outputs(None), timing or TimingPolicy())
+        policy = timing or TimingPolicy()
+        if include_prepack and self.packs_ahead:
+            buffers = arrays + self._outputs(None) + self._lib.packed_buffers()
+            return statistics.median(measure_costs(_PackingEachCall(self._lib), buffers, policy))
+        res = time_function(self.lib_path, self.func_name, arrays, self._outputs(None), policy)
         return res.median
 
     def close(self) -> None:
         self._lib.close()
+
+
+class BoundKernel:
+    """A Kernel whose constant inputs are fixed and packed: calls take the other inputs only."""
+
+    def __init__(self, kernel: Kernel, constants: dict[str, np.ndarray]):
+        names = [t.name for t in kernel.task.inputs]
+        wanted = kernel.constant_inputs
+        unknown = sorted(set(constants) - set(wanted))
+        if unknown:
+            raise TypeError(f"bind(): {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not a constant "
+                            f"input of {kernel.task.name!r} (constant inputs: {', '.join(wanted) or 'none'})")
+        missing = [n for n in wanted if n not in constants]
+        if missing:
+            raise TypeError(f"bind(): give every constant input of {kernel.task.name!r}; missing "
+                            f"{', '.join(missing)}")
+        self.kernel = kernel
+        self.input_names = [n for n in names if n not in constants]
+        placeholders = {n: aligned_empty(t.shape, t.dtype) for n, t in zip(names, kernel.task.inputs)}
+        full = kernel._check_inputs([constants.get(n, placeholders[n]) for n in names])
+        self._constants = {n: aligned_copy(a) for n, a in zip(names, full) if n in constants}
+        self._packed = kernel._lib.packed_buffers()
+        kernel._lib.prepack(self._full(list(placeholders.values())) + kernel._outputs(None) + self._packed)
+
+    def _full(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        given = iter(inputs)
+        return [self._constants[t.name] if t.name in self._constants else next(given)
+                for t in self.kernel.task.inputs]
+
+    def __call__(self, *inputs: np.ndarray, out=None):
+        """Run on the inputs that are not bound, in the task's order; returns the output(s)."""
+        if len(inputs) != len(self.input_names):
+            raise TypeError(f"bound kernel {self.kernel.task.name!r} takes {len(self.input_names)} inputs "
+                            f"({', '.join(self.input_names)}), got {len(inputs)}")
+        arrays = self.kernel._check_inputs(self._full(inputs))
+        outputs = self.kernel._outputs(out)
+        self.kernel._lib(arrays + outputs + self._packed)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+class _PackingEachCall:
+    """A KernelLibrary seen as one that packs its constants in every call (for timing that)."""
+
+    def __init__(self, lib: KernelLibrary):
+        self.lib = lib
+
+    def __call__(self, buffers: Sequence[np.ndarray]) -> None:
+        self.lib.prepack(buffers)
+        self.lib(buffers)
+
+    def timed(self, buffers: Sequence[np.ndarray], number: int) -> float:
+        start = time.perf_counter()
+        for _ in range(number):
+            self(buffers)
+        return time.perf_counter() - start
 
 
 def compile_state(task: Task, state: State, record: Record | None = None,

@@ -65,7 +65,7 @@ def _conv2d(shape, dtype, bias_relu: bool = False, **o):
     n, c, h, w, co, kh, kw = shape
     groups = int(o.get("groups", 1))
     data = placeholder((n, c, h, w), dtype, "data")
-    weight = placeholder((co, c // groups, kh, kw), dtype, "weight")
+    weight = placeholder((co, c // groups, kh, kw), dtype, "weight", constant=True)
     out = ops.conv2d(data, weight, groups=groups, **_conv_opts(o))
     if not bias_relu:
         return [data, weight, out]
@@ -76,14 +76,14 @@ def _conv2d(shape, dtype, bias_relu: bool = False, **o):
 def _depthwise(shape, dtype, **o):
     n, c, h, w, kh, kw = shape
     data = placeholder((n, c, h, w), dtype, "data")
-    weight = placeholder((c, 1, kh, kw), dtype, "weight")
+    weight = placeholder((c, 1, kh, kw), dtype, "weight", constant=True)
     return [data, weight, ops.depthwise_conv2d(data, weight, **_conv_opts(o))]
 
 
 def _conv2d_transpose(shape, dtype, **o):
     n, ci, h, w, co, kh, kw = shape
     data = placeholder((n, ci, h, w), dtype, "data")
-    weight = placeholder((ci, co, kh, kw), dtype, "weight")
+    weight = placeholder((ci, co, kh, kw), dtype, "weight", constant=True)
     return [data, weight, ops.conv2d_transpose(data, weight, stride=o.get("stride", 1),
                                                padding=o.get("padding", 0))]
 

@@ -280,20 +280,27 @@ class CCodegen:
         self.emit("}", depth)
 
     # --- function ---------------------------------------------------------------------------
-    def generate(self) -> str:
+    def _signature(self, func: ir.PrimFunc, writes_packed: bool) -> str:
         params = []
-        for b in self.func.params:
-            const = "const " if b.role == "input" else ""
+        for b in func.params:
+            const = "const " if b.role == "input" or (b.role == "packed" and not writes_packed) else ""
             params.append(f"{const}{C_TYPES[b.dtype]}* restrict {self.names(b, b.name)}")
+        return ", ".join(params)
+
+    def _function(self, func: ir.PrimFunc, fname: str, writes_packed: bool = False) -> str:
         self.lines = []
-        self.stmt(self.func.body, 1, False)
+        self.stmt(func.body, 1, False)
         body = "\n".join(self.lines)
-        args = ", ".join(self.names(b, b.name) for b in self.func.params)
-        sig = ", ".join(params)
-        return (
+        return f"\nvoid {fname}({self._signature(func, writes_packed)}) {{\n{body}\n}}\n"
+
+    def generate(self) -> str:
+        func = self.func
+        sig = self._signature(func, False)
+        args = ", ".join(self.names(b, b.name) for b in func.params)
+        text = (
             _PRELUDE
-            + f"\nvoid {self.fname}({sig}) {{\n{body}\n}}\n\n"
-            + f"double {self.fname}_timed(long long ansor_number, {sig}) {{\n"
+            + self._function(func, self.fname)
+            + f"\ndouble {self.fname}_timed(long long ansor_number, {sig}) {{\n"
             + "  struct timespec ansor_t0, ansor_t1;\n"
             + "  clock_gettime(CLOCK_MONOTONIC, &ansor_t0);\n"
             + f"  for (long long ansor_r = 0; ansor_r < ansor_number; ++ansor_r) {self.fname}({args});\n"
@@ -302,6 +309,15 @@ class CCodegen:
             + " + 1e-9 * (double)(ansor_t1.tv_nsec - ansor_t0.tv_nsec);\n"
             + "}\n"
         )
+        prepack = func.attrs.get("prepack")
+        if prepack is not None:
+            text += self._function(prepack, f"{self.fname}_prepack", writes_packed=True)
+            sizes = [b.nbytes for b in func.params if b.role == "packed"]
+            cases = "".join(f"    case {i}: return {n}LL;\n" for i, n in enumerate(sizes))
+            text += (f"\n/* bytes of packed parameter i (after the inputs and outputs); -1 past the last */\n"
+                     f"long long {self.fname}_packed_bytes(int i) {{\n  switch (i) {{\n{cases}"
+                     f"    default: return -1LL;\n  }}\n}}\n")
+        return text
 
 
 def _literal(c: E.Const) -> str:
@@ -324,6 +340,8 @@ def _literal(c: E.Const) -> str:
 
 
 def generate_c(func: ir.PrimFunc) -> tuple[str, str]:
-    """(C source, entry function name). The source also defines `<entry>_timed(number, ...)`."""
+    """(C source, entry function name). The source also defines `<entry>_timed(number, ...)`,
+    and for a program with stages that depend on constant inputs alone, `<entry>_prepack(...)`
+    (same parameters; fills the packed ones) and `<entry>_packed_bytes(i)`."""
     gen = CCodegen(func)
     return gen.generate(), gen.fname

@@ -17,7 +17,7 @@ LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled", "vthread", "blockI
 
 @dataclass(eq=False)
 class Buffer:
-    """A named array; `role` is 'input' | 'output' (kernel parameters) | 'temp'."""
+    """A named array; `role` is 'input' | 'output' | 'packed' (kernel parameters) | 'temp'."""
 
     name: str
     shape: tuple[int, ...]

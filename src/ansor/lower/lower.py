@@ -4,11 +4,15 @@ Stages are visited consumers-first, so when a stage is computed inside a consume
 (compute_at, cache stages), the region of it that one iteration of that loop reads is known:
 it becomes a small buffer allocated at the attach point and indexed relative to the region's
 start. Non-divisible splits and regions that stick out of a tensor get guards.
+
+Root stages that read only constant inputs (a weight copied into a tiled layout) go to a second
+function, `<name>_prepack`, run once ahead of the calls; their buffers become parameters of both
+(role "packed"), and the kernel itself only reads them (Ansor's layout rewrite).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ansor.lower import ir
 from ansor.schedule.relations import leaf_expressions, root_axis_of
@@ -39,7 +43,8 @@ class _StageLowering:
 
 
 def lower(state: State, name: str = "kernel") -> ir.PrimFunc:
-    """The IR of a complete program (every split length decided)."""
+    """The IR of a complete program (every split length decided); when some stages depend on
+    constant inputs alone, `attrs["prepack"]` holds the function that computes them."""
     if not state.concrete:
         undecided = [f"{s.name}.{it.name}" for s in state.stages for it in s.iters if it.extent is None]
         raise ScheduleError(f"cannot lower: split lengths undecided for {', '.join(undecided[:4])}")
@@ -83,18 +88,26 @@ class _Lowerer:
                 self.info[sid] = _StageLowering(s, buffer=param_of[id(s.tensor)])
         for sid in reversed(order):
             self._infer_stage(sid, param_of)
+        prepacked = _prepack_stages(st, order)
+        for sid in prepacked:
+            L = self.info[sid]
+            L.buffer = replace(L.buffer, scope="global", role="packed")
+            params.append(L.buffer)
         temps: list[ir.Buffer] = []
-        body_parts = []
+        body_parts, prepack_parts = [], []
         for sid in order:
             s = st.stages[sid]
             if s.attach == "root":
-                body_parts.append(self._emit_stage(sid))
-                if id(s.tensor) not in param_of:
+                (prepack_parts if sid in prepacked else body_parts).append(self._emit_stage(sid))
+                if id(s.tensor) not in param_of and sid not in prepacked:
                     temps.append(self.info[sid].buffer)
         body = ir.seq(body_parts)
         for buf in reversed(temps):
             body = ir.Allocate(buf, body)
-        return ir.PrimFunc(self.name, params, body)
+        func = ir.PrimFunc(self.name, params, body)
+        if prepack_parts:
+            func.attrs["prepack"] = ir.PrimFunc(f"{self.name}_prepack", params, ir.seq(prepack_parts))
+        return func
 
     # --- analysis ---------------------------------------------------------------------------
     def _infer_stage(self, sid: int, param_of: dict) -> None:
@@ -302,6 +315,21 @@ class _Lowerer:
         if s.auto_unroll_max_step > 0:
             _mark_auto_unroll(stmt, s.auto_unroll_max_step)
         return stmt
+
+
+def _prepack_stages(state: State, order: list[int]) -> set[int]:
+    """Root stages (in `order`, producers first) computed from constant inputs and other such
+    stages alone, with nothing attached inside them: they can run once, ahead of the calls."""
+    out: set[int] = set()
+    for sid in order:
+        s = state.stages[sid]
+        if s.attach != "root" or state.is_output(sid) or state.attached_to(s.name):
+            continue
+        sources = [state.stage_id(t) for t in E.tensors_read(state.effective_body(sid))]
+        if sources and all(p in out or (state.stages[p].is_placeholder and state.stages[p].op.constant)
+                           for p in sources):
+            out.add(sid)
+    return out
 
 
 def _loop_dim_order(stage: Stage) -> list[int] | None:

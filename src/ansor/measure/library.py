@@ -4,6 +4,9 @@ Calling convention of a generated library:
     void   <func>(void* arg0, void* arg1, ...)                    inputs first, then outputs
     double <func>_timed(long long number, void* arg0, ...)        optional: total seconds of
                                                                    `number` calls, timed in C
+    void   <func>_prepack(void* arg0, ...)                        optional: fills the packed
+                                                                   buffers (the last arguments)
+    long long <func>_packed_bytes(int i)                          their sizes; -1 past the last
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
+
+from .memory import aligned_empty
 
 _openmp_pinned = False
 
@@ -61,6 +66,16 @@ class KernelLibrary:
             self._timer = getattr(self._lib, f"{func_name}_timed", None)
             if self._timer is not None:
                 self._timer.restype = ctypes.c_double
+            self._prepack = getattr(self._lib, f"{func_name}_prepack", None)
+            self.packed_nbytes: tuple[int, ...] = ()
+            if self._prepack is not None:
+                self._prepack.restype = None
+                sizes = getattr(self._lib, f"{func_name}_packed_bytes")
+                sizes.restype, sizes.argtypes = ctypes.c_longlong, [ctypes.c_int]
+                found = []
+                while (n := sizes(len(found))) >= 0:
+                    found.append(int(n))
+                self.packed_nbytes = tuple(found)
         except BaseException:
             self.close()
             raise
@@ -71,8 +86,18 @@ class KernelLibrary:
         return self._timer is not None
 
     def __call__(self, buffers: Sequence[np.ndarray]) -> None:
-        """Run the kernel once on `buffers` (inputs then outputs)."""
+        """Run the kernel once on `buffers` (inputs, outputs, then packed buffers if any)."""
         self._func(*buffer_pointers(buffers))
+
+    def packed_buffers(self) -> list[np.ndarray]:
+        """Fresh aligned buffers for the packed parameters (none for most kernels)."""
+        return [aligned_empty((n,), np.uint8) for n in self.packed_nbytes]
+
+    def prepack(self, buffers: Sequence[np.ndarray]) -> None:
+        """Fill the packed buffers from the constant inputs (same `buffers` as a call); a no-op
+        for kernels without packed parameters."""
+        if self._prepack is not None:
+            self._prepack(*buffer_pointers(buffers))
 
     def timed(self, buffers: Sequence[np.ndarray], number: int) -> float:
         """Total seconds of `number` back-to-back calls."""
@@ -91,7 +116,7 @@ class KernelLibrary:
             return
         handle = self._lib._handle
         self._lib = None
-        self._func = self._timer = None
+        self._func = self._timer = self._prepack = None
         _ctypes.dlclose(handle)
 
     def __enter__(self) -> KernelLibrary:

@@ -75,10 +75,12 @@ class Operation:
 
 
 class PlaceholderOp(Operation):
-    """An input of the computation."""
+    """An input of the computation. A `constant` input (a layer's weight) keeps its value from
+    call to call, so work that depends on it alone (copying it into a tiled layout) can run once,
+    ahead of the calls, instead of in every call."""
 
-    def __init__(self, name: str, shape: tuple[int, ...], dtype: str):
-        self.name, self.shape, self.dtype = name, shape, dtype
+    def __init__(self, name: str, shape: tuple[int, ...], dtype: str, constant: bool = False):
+        self.name, self.shape, self.dtype, self.constant = name, shape, dtype, constant
 
 
 class ComputeOp(Operation):
@@ -115,10 +117,11 @@ def _check_shape(shape, what: str) -> tuple[int, ...]:
     return tuple(int(n) for n in shape)
 
 
-def placeholder(shape, dtype: str = "float32", name: str = "placeholder") -> Tensor:
-    """An input tensor of the given shape and dtype."""
+def placeholder(shape, dtype: str = "float32", name: str = "placeholder", constant: bool = False) -> Tensor:
+    """An input tensor of the given shape and dtype; `constant=True` declares a weight whose
+    layout transforms may be computed once, ahead of the kernel's calls."""
     shape = _check_shape(shape, f"placeholder {name!r}")
-    return Tensor(PlaceholderOp(name, shape, E.check_dtype(dtype)))
+    return Tensor(PlaceholderOp(name, shape, E.check_dtype(dtype), bool(constant)))
 
 
 def reduce_axis(dom, name: str = "k") -> E.IterVar:
