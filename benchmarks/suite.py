@@ -52,6 +52,7 @@ SUITE = [
 
 
 TIMING_ROUNDS = 5  # ansor and each baseline are timed in turn this many times; medians are kept
+TURN_PAUSE_S = 0.2
 
 
 def copy_other_workloads(task, source_dir: str, db_path: str) -> int:
@@ -104,11 +105,16 @@ def tune_and_build(name, shape, opts, trials, policy, seed, db_dir=None, transfe
 
 def time_in_turns(timers: dict) -> dict:
     """Median and spread (min, max) of seconds per call for each named timer, timed in turns
-    so that a noisy stretch of the machine hits every side alike."""
+    so that a noisy stretch of the machine hits every side alike. Each round starts with a
+    different timer, and each timer waits TURN_PAUSE_S first: thread pools (OpenBLAS, PyTorch's
+    OpenMP) keep spinning for a while after their work, and on two cores the next side would
+    pay for it."""
     samples: dict[str, list[float]] = {k: [] for k in timers}
-    for _ in range(TIMING_ROUNDS):
-        for key, timer in timers.items():
-            sec = timer()
+    keys = list(timers)
+    for r in range(TIMING_ROUNDS):
+        for key in keys[r % len(keys):] + keys[:r % len(keys)]:
+            time.sleep(TURN_PAUSE_S)
+            sec = timers[key]()
             if sec is not None:
                 samples[key].append(sec)
     return {k: (statistics.median(v), min(v), max(v)) for k, v in samples.items() if v}
