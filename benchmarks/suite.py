@@ -57,7 +57,8 @@ TURN_PAUSE_S = 0.2
 
 def copy_other_workloads(task, source_dir: str, db_path: str) -> int:
     """Copy into db_path the records of every workload but the task's, from the databases in
-    source_dir; returns how many records were copied."""
+    source_dir; returns how many records were copied. A workload with the task's spec under
+    another key (declared before its weights were constant) is the task too, and is skipped."""
     from ansor.database import Database
 
     copied = 0
@@ -69,7 +70,7 @@ def copy_other_workloads(task, source_dir: str, db_path: str) -> int:
             with Database(os.path.join(source_dir, fname)) as src:
                 for wk in src.workload_keys():
                     info = src.workload(wk)
-                    if wk == task.workload_key or info is None:
+                    if wk == task.workload_key or info is None or info["description"].get("spec") == task.spec:
                         continue
                     fresh = []
                     for rec in src.records(wk, task.target.key):
