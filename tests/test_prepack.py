@@ -123,3 +123,16 @@ def _loads(stmt) -> list:
 
     visit(stmt)
     return out
+
+
+def test_bind_with_the_weight_listed_first(builder):
+    x = te.placeholder((1, 8, 10, 10), name="data")
+    w = te.placeholder((16, 8, 3, 3), name="weight", constant=True)
+    task = ansor.Task([w, x, te.ops.conv2d(x, w, padding=1)], name="conv")
+    kernel = compile_state(task, packed_state(task), builder=builder)
+    rng = np.random.default_rng(1)
+    xs = rng.standard_normal((1, 8, 10, 10), dtype=np.float32)
+    ws = rng.standard_normal((16, 8, 3, 3), dtype=np.float32)
+    ref = task.reference_outputs([ws, xs])[0]
+    assert_close(kernel(ws, xs), ref)
+    assert_close(kernel.bind(weight=ws)(xs), ref)

@@ -135,7 +135,8 @@ class BoundKernel:
         full = kernel._check_inputs([constants.get(n, placeholders[n]) for n in names])
         self._constants = {n: aligned_copy(a) for n, a in zip(names, full) if n in constants}
         self._packed = kernel._lib.packed_buffers()
-        kernel._lib.prepack(self._full(list(placeholders.values())) + kernel._outputs(None) + self._packed)
+        others = [placeholders[n] for n in self.input_names]  # prepack reads only the constants
+        kernel._lib.prepack(self._full(others) + kernel._outputs(None) + self._packed)
 
     def _full(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         given = iter(inputs)
