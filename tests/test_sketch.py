@@ -183,3 +183,31 @@ def test_register_tiles_put_the_whole_reduction_around_the_innermost_tile():
                     reduce_lengths.add(st.steps[i].lengths)
             assert tile <= (3 * registers // 4) * lanes
     assert any(lengths != (1,) for lengths in reduce_lengths)
+
+
+def test_row_statistics_can_be_computed_inside_the_output_row_loop(tmp_path):
+    """LayerNorm's mean is read by the variance and by the output. Once the variance (and its
+    rfactor partial sums) sit inside the output's row loop, the mean and its partial sums may
+    go there too: the row is then read from memory once. Random annotation reaches that
+    program, and it matches numpy."""
+    task = small_task("layer_norm_gelu")
+    policy = SketchPolicy(task, seed=0)
+    rng = random.Random(2)
+    out_name = task.dag.outputs[0].op.name
+    fused = []
+    for _ in range(600):
+        st = annotate(rng.choice(policy.sketches).steps, task.dag, rng, policy.params, 2)
+        if st is None:
+            continue
+        stats = [s for s in st.stages if s.name.startswith("layer_norm_")]  # not the inlined layer_norm
+        if (all(isinstance(s.attach, tuple) for s in stats) and st.stage("layer_norm_mean").attach[0] == out_name
+                and any(s.name.endswith(".rf") for s in stats)):
+            fused.append(st)
+    assert fused, "no sample computes every row statistic inside the output's loops"
+    st = fused[0]
+    src, fname = generate_source(st, task.target, "kernel")
+    build = Builder(cache_dir=tmp_path).build([src])[0]
+    assert build.error_no == MeasureErrorNo.NO_ERROR, build.error_msg
+    inputs = task.random_inputs(seed=0)
+    r = evaluate_kernel(build.lib_path, fname, inputs, task.reference_outputs(inputs), timing=_no_timing())
+    assert r.error_no == MeasureErrorNo.NO_ERROR, f"{r.error_msg}\n{st}"

@@ -115,12 +115,58 @@ def _register_lengths(step: SplitStep, rng: random.Random, max_innermost: int, v
     return (*outer[:-1], 1, outer[-1])
 
 
+def _placeable(it) -> bool:
+    return it.kind != "reduce" and it.annotation not in ("unroll", "vectorize")
+
+
+def _loops_around(state: State, sid: int) -> list[tuple[int, int]]:
+    """The placeable loops, outer to inner, that enclose every statement of a stage: those of
+    the stages it is computed inside, up to its attach points (empty for a root stage)."""
+    st = state.stages[sid]
+    if not isinstance(st.attach, tuple):
+        return []
+    x = state.stage_id(st.attach[0])
+    out = _loops_around(state, x)
+    for i, it in enumerate(state.stages[x].iters):
+        if not _placeable(it):
+            break
+        if it.extent != 1:
+            out.append((x, i))
+        if it.name == st.attach[1]:
+            break
+    return out
+
+
+def _reading_loops(state: State, c: int) -> list[tuple[int, int]]:
+    """Loops inside which a stage could be computed for consumer `c`: those around `c` and
+    `c`'s own, stopping at reduce or unrolled loops and after an attach point."""
+    out = _loops_around(state, c)
+    target = state.stages[c]
+    for i, it in enumerate(target.iters):
+        if not _placeable(it):
+            break
+        if it.extent == 1:
+            continue
+        out.append((c, i))
+        if state.attached_to(target.name, it.name):
+            break
+    return out
+
+
 def compute_location_candidates(state: State, sid: int) -> list[tuple[int, int]]:
     """(stage, iterator) pairs where a stage may be computed: loops of its single consumer,
-    from outer to inner, stopping at reduce or unrolled loops and after an attach point."""
+    from outer to inner, stopping at reduce or unrolled loops and after an attach point.
+
+    A stage with several consumers (the mean of a LayerNorm, read by the variance and by the
+    normalization) may go into a loop that encloses all of them: once the variance is computed
+    per row inside the output's row loop, the mean can be too, and the row is read from memory
+    once instead of in separate passes."""
     consumers = state.consumers(sid)
-    if len(consumers) != 1:
+    if not consumers:
         return []
+    if len(consumers) > 1:
+        common = set.intersection(*(set(_reading_loops(state, c)) for c in consumers[1:]))
+        return [loc for loc in _reading_loops(state, consumers[0]) if loc in common]
     c = consumers[0]
     target = state.stages[c]
     out: list[tuple[int, int]] = []
@@ -145,12 +191,20 @@ def compute_location_candidates(state: State, sid: int) -> list[tuple[int, int]]
     return out
 
 
+def location_is_free(state: State, sid: int) -> bool:
+    """Whether random annotation and mutation choose where this stage is computed. Tiled
+    stages and cache stages stay where their sketch rule put them; a reduction's rfactor
+    partial sums may move into its consumer's loops (one row's partial sums in registers)."""
+    st = state.stages[sid]
+    if not st.is_fresh or st.origin not in ("", "rfactor"):
+        return False
+    return st.origin == "rfactor" or not state.infos[sid].needs_multi_level_tiling
+
+
 def change_compute_locations(state: State, rng: random.Random) -> None:
     for sid in reversed(range(len(state.stages))):
         st = state.stages[sid]
-        if st.is_placeholder or st.attach == "inline" or state.is_output(sid) or not st.is_fresh:
-            continue
-        if state.infos[sid].needs_multi_level_tiling or st.origin:
+        if st.is_placeholder or st.attach == "inline" or state.is_output(sid) or not location_is_free(state, sid):
             continue
         cands = compute_location_candidates(state, sid)
         choice = rng.randrange(len(cands) + 2)

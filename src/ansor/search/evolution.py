@@ -16,7 +16,7 @@ import numpy as np
 
 from ansor.schedule.state import ScheduleError, State
 from ansor.schedule.steps import AnnotateStep, ComputeAtStep, FuseStep, PragmaStep, SplitStep, Step
-from ansor.search.annotate import compute_location_candidates, divisors
+from ansor.search.annotate import compute_location_candidates, divisors, location_is_free
 
 ScoreFn = Callable[[Sequence[State]], np.ndarray]
 
@@ -90,7 +90,7 @@ def mutate_compute_location(state: State, rng: random.Random, params: dict) -> S
         if before is None:
             return None
         sid = state.steps[idx].stage_id
-        if not before.stages[sid].is_fresh or before.infos[sid].needs_multi_level_tiling:
+        if not location_is_free(before, sid):
             continue
         cands = [c for c in compute_location_candidates(before, sid)
                  if c != (state.steps[idx].target_stage_id, state.steps[idx].target_iter_id)]
