@@ -611,3 +611,82 @@ def test_private_buffer_stores_the_vectorized_dimension_last():
         if checked == 3:
             break
     assert checked == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# register tiles
+
+def register_tile_state(rows: int, cols: int, k: int = 40) -> tuple[ansor.Task, ansor.State]:
+    """matmul with a cache-write tile of rows x cols computed at the output's tile loop, the
+    reduction outermost in the tile and the columns vectorized."""
+    A = te.placeholder((32, k), name="A")
+    B = te.placeholder((k, 64), name="B")
+    task = ansor.Task([A, B, te.ops.matmul(A, B)])
+    s = ansor.State(task.dag)
+    cache = s.cache_write("matmul", "local")
+    s.split("matmul", "i", [rows])
+    s.split("matmul", "j", [cols])
+    s.reorder("matmul", ["i.0", "j.0", "i.1", "j.1"])
+    s.compute_at(cache, "matmul", "j.0")
+    s.reorder("matmul.local", ["k", "i", "j"])
+    s.annotate("matmul.local", "j", "vectorize")
+    return task, s
+
+
+@pytest.mark.parametrize("vector_bytes, cols", [(16, 8), (32, 16)])
+def test_small_accumulator_becomes_a_register_tile(vector_bytes, cols, tmp_path):
+    """A 4-row accumulator of two vectors per row: one variable per accumulator vector, loaded before the
+    reduction loop and stored after it; each B vector loaded once per k and pinned; the
+    program still matches numpy (compiled from the generated text, run through ctypes)."""
+    from ansor.codegen.c import generate_c
+    from ansor.measure import Builder, MeasureErrorNo
+    from ansor.measure.run import evaluate_kernel
+    from ansor.measure import TimingPolicy
+
+    task, s = register_tile_state(4, cols)
+    source, fname = generate_c(lower(s, "mm"), vector_bytes, 16)
+    lanes = vector_bytes // 4
+    assert "/* register tile: matmul_local in 8 " in source
+    tile = source[source.index("/* register tile"):]
+    assert tile.count(f"ansor_f32x{lanes} vec") == 2  # the B vectors, shared by the 4 rows
+    assert tile.count(f"ANSOR_PIN{vector_bytes}(") == 2
+    assert tile.count("matmul_local_r0 = matmul_local_r0 + ") == 1
+    body = tile[tile.index("for (int32_t k"):]
+    assert "matmul_local[" not in body.split("*(ansor_f32x")[0]  # no accumulator memory inside the k loop
+    build = Builder(cache_dir=tmp_path).build([source])[0]
+    assert build.error_no == MeasureErrorNo.NO_ERROR, build.error_msg
+    inputs = task.random_inputs(seed=0)
+    r = evaluate_kernel(build.lib_path, fname, inputs, task.reference_outputs(inputs),
+                        timing=TimingPolicy(warmup=0, repeat=1, min_repeat_ms=0.0))
+    assert r.error_no == MeasureErrorNo.NO_ERROR, r.error_msg
+
+
+@pytest.mark.parametrize("rows, cols, why", [(16, 64, "64 accumulator vectors do not fit 16 registers"),
+                                             (4, 4, "4 columns are less than one 8-lane vector")])
+def test_accumulators_that_do_not_fit_keep_the_plain_loops(rows, cols, why, builder):
+    from ansor.codegen.c import generate_c
+
+    task, s = register_tile_state(rows, cols)
+    source, _ = generate_c(lower(s, "mm"), 32, 16)
+    assert "/* register tile:" not in source, why
+    inputs = random_inputs(task)
+    a, b = (x.astype(np.float64) for x in inputs)
+    assert_close(run_state(task, s, builder, inputs), a @ b)
+
+
+def test_reduction_loops_between_the_tile_rows_are_unrolled_in_the_tile(builder):
+    """k split in two with the inner part inside the rows: the outer k stays a C loop, the
+    inner k and the rows are unrolled into the tile (each statement updates its row)."""
+    from ansor.codegen.c import generate_c
+
+    task, s = register_tile_state(2, 16)
+    s.split("matmul.local", "k", [2])
+    s.reorder("matmul.local", ["k.0", "i", "k.1", "j"])
+    source, _ = generate_c(lower(s, "mm"), 32, 16)
+    tile = source[source.index("/* register tile"):]
+    inside = tile[tile.index("for (int32_t k_0"):tile.index("*(ansor_f32x8*)&matmul_local[0] =")]
+    assert inside.count("for (int32_t") == 1  # only k.0 is a C loop
+    assert tile.count("matmul_local_r0 = matmul_local_r0 + ") == 2  # k.1 = 0, 1
+    inputs = random_inputs(task)
+    a, b = (x.astype(np.float64) for x in inputs)
+    assert_close(run_state(task, s, builder, inputs), a @ b)

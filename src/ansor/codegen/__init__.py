@@ -12,5 +12,5 @@ def generate_source(state, target: Target, name: str = "kernel") -> tuple[str, s
     if target.kind == "cpu":
         from ansor.codegen.c import generate_c
 
-        return generate_c(func)
+        return generate_c(func, target.vector_unit_bytes, target.vector_registers)
     raise ValueError(f"no code generator for target kind {target.kind!r}; the CPU backend is available")

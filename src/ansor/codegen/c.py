@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 
+from ansor.codegen.register_tile import VECTOR_PRELUDE, emit_register_tile, plan_register_tile
 from ansor.lower import ir
 from ansor.te import expr as E
 from ansor.te.arith import const_bounds, simplify
@@ -121,6 +122,13 @@ class CNames:
     def __init__(self, reserved=()):
         self.used: set[str] = set(reserved)
         self.names: dict[int, str] = {}
+        self._held: list[object] = []  # objects behind fresh names: their ids must stay unique
+
+    def fresh(self, hint: str) -> str:
+        """A new identifier for a variable the generator introduces itself."""
+        token = object()
+        self._held.append(token)
+        return self(token, hint)
 
     def __call__(self, obj, hint: str) -> str:
         key = id(obj)
@@ -150,8 +158,10 @@ def _looks_like_macro(name: str) -> bool:
 
 
 class CCodegen:
-    def __init__(self, func: ir.PrimFunc):
+    def __init__(self, func: ir.PrimFunc, vector_bytes: int = 0, vector_registers: int = 16):
         self.func = func
+        self.vector_bytes = vector_bytes  # 0: no register tiles
+        self.vector_registers = vector_registers
         self.names = CNames()
         self.ranges: dict[int, tuple[int, int]] = {}
         self.lines: list[str] = []
@@ -274,7 +284,15 @@ class CCodegen:
             self.emit(f"{ctype}* restrict {name} = ({ctype}*)aligned_alloc(64, {nbytes});", depth + 1)
         else:
             self.emit(f"{ctype} {name}[{b.size}] __attribute__((aligned(64)));", depth + 1)
-        self.stmt(s.body, depth + 1, in_parallel)
+        parts = s.body.stmts if isinstance(s.body, ir.Seq) else [s.body]
+        for part in _flat_seq(parts):
+            tile = None
+            if b.scope == "local" and self.vector_bytes and isinstance(part, ir.For):
+                tile = plan_register_tile(part, b, self.vector_bytes, self.vector_registers, self.ranges)
+            if tile is not None:
+                emit_register_tile(self, tile, depth + 1)
+            else:
+                self.stmt(part, depth + 1, in_parallel)
         if on_heap:
             self.emit(f"free({name});", depth + 1)
         self.emit("}", depth)
@@ -299,6 +317,7 @@ class CCodegen:
         args = ", ".join(self.names(b, b.name) for b in func.params)
         text = (
             _PRELUDE
+            + VECTOR_PRELUDE
             + self._function(func, self.fname)
             + f"\ndouble {self.fname}_timed(long long ansor_number, {sig}) {{\n"
             + "  struct timespec ansor_t0, ansor_t1;\n"
@@ -320,6 +339,13 @@ class CCodegen:
         return text
 
 
+def _flat_seq(stmts) -> list:
+    out = []
+    for x in stmts:
+        out.extend(_flat_seq(x.stmts) if isinstance(x, ir.Seq) else [x])
+    return out
+
+
 def _literal(c: E.Const) -> str:
     if c.dtype == "bool":
         return "true" if c.value else "false"
@@ -339,9 +365,10 @@ def _literal(c: E.Const) -> str:
     return str(c.value) if c.value >= 0 else f"({c.value})"
 
 
-def generate_c(func: ir.PrimFunc) -> tuple[str, str]:
+def generate_c(func: ir.PrimFunc, vector_bytes: int = 0, vector_registers: int = 16) -> tuple[str, str]:
     """(C source, entry function name). The source also defines `<entry>_timed(number, ...)`,
     and for a program with stages that depend on constant inputs alone, `<entry>_prepack(...)`
-    (same parameters; fills the packed ones) and `<entry>_packed_bytes(i)`."""
-    gen = CCodegen(func)
+    (same parameters; fills the packed ones) and `<entry>_packed_bytes(i)`. With `vector_bytes`
+    (the target's vector width), small accumulators become register tiles (register_tile.py)."""
+    gen = CCodegen(func, vector_bytes, vector_registers)
     return gen.generate(), gen.fname
