@@ -25,6 +25,7 @@ plain loops.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from dataclasses import dataclass
 
 from ansor.lower import ir
@@ -33,6 +34,7 @@ from ansor.te.arith import simplify, to_linear
 from ansor.te.printer import expr_to_str
 
 MAX_VECTOR_STATEMENTS = 512  # unrolled statements per iteration of the kept loops
+MIN_USES_TO_PIN = 3  # statements reading an operand vector before it is pinned to a register
 
 VECTOR_PRELUDE = """
 /* for register tiles: GCC vector types (unaligned, may alias float) and a pin that keeps a loaded
@@ -72,6 +74,7 @@ class RegisterTile:
     statements: list[tuple[int, dict, int]]  # (accumulator vector, {var: Const} of the unrolled
                                              # loops, first vector lane) in program order
     slots: int                        # accumulator vectors
+    pinned: frozenset                 # operand vectors (load keys) kept in registers by a pin
 
     @property
     def vector_type(self) -> str:
@@ -165,25 +168,31 @@ def plan_register_tile(loop: ir.For, buf: ir.Buffer, vector_bytes: int, register
     scope[id(vec.var)] = (0, vec.extent - 1)
     statements: list[tuple[int, dict, int]] = []
     slots: set[int] = set()
-    vector_loads: set[tuple[int, str]] = set()
+    uses: Counter = Counter()  # statements per chunk that read each contiguous operand
     for values in itertools.product(*(range(f.extent) for f in inner)):
         binding = {f.var: E.Const(v, "int32") for f, v in zip(inner, values)}
         point_value = E.substitute(added, binding)
         if not _vectorizable(point_value, vec.var, scope):
             return None
-        for ld in _loads(point_value):
-            flat = simplify(_flat(ld.buffer, ld.indices), scope)
-            if _coefficient(flat, vec.var) == 1:
-                vector_loads.add((id(ld.buffer), expr_to_str(flat)))
+        uses.update({_load_key(ld, scope) for ld in _loads(point_value)
+                     if _coefficient(simplify(_flat(ld.buffer, ld.indices), scope), vec.var) == 1})
         for c in range(chunks):
             at = simplify(E.substitute(index, {**binding, vec.var: E.Const(c * lanes, "int32")}), scope)
             if not isinstance(at, E.Const) or at.value % lanes:
                 return None  # the accumulator element must be a fixed, aligned vector
             slots.add(at.value // lanes)
             statements.append((at.value // lanes, binding, c * lanes))
-    if len(slots) + len(vector_loads) * chunks + 1 > registers:
+    if len(slots) + len(uses) * chunks + 1 > registers:
         return None
-    return RegisterTile(buf, lanes, kept, vec, added, statements, buf.size // lanes)
+    # a pin pays where a vector feeds several FMAs; pinning many vectors that feed one or two
+    # made gcc spill accumulators inside nested reduction loops instead
+    pinned = frozenset(key for key, n in uses.items() if n >= MIN_USES_TO_PIN)
+    return RegisterTile(buf, lanes, kept, vec, added, statements, buf.size // lanes, pinned)
+
+
+def _load_key(load: ir.BufferLoad, ranges: dict) -> tuple[int, str]:
+    """Identifies a contiguous operand across the vector chunks of one step."""
+    return id(load.buffer), expr_to_str(simplify(_flat(load.buffer, load.indices), ranges))
 
 
 def emit_register_tile(gen, tile: RegisterTile, depth: int) -> None:
@@ -230,7 +239,8 @@ def _vector_text(gen, tile: RegisterTile, expr: E.Expr, chunk_start: E.Const, lo
             name = gen.names.fresh("vec")
             loaded[text] = name
             gen.emit(f"{vt} {name} = {text};", depth)
-            gen.emit(f"{tile.pin}({name});", depth)
+            if _load_key(expr, gen.ranges) in tile.pinned:
+                gen.emit(f"{tile.pin}({name});", depth)
         return name
     if isinstance(expr, E.BinOp) and expr.op in ("+", "-", "*") and _loads(expr):
         a = _vector_text(gen, tile, expr.a, chunk_start, loaded, depth)
