@@ -211,3 +211,25 @@ def test_row_statistics_can_be_computed_inside_the_output_row_loop(tmp_path):
     inputs = task.random_inputs(seed=0)
     r = evaluate_kernel(build.lib_path, fname, inputs, task.reference_outputs(inputs), timing=_no_timing())
     assert r.error_no == MeasureErrorNo.NO_ERROR, f"{r.error_msg}\n{st}"
+
+
+def test_a_reduction_is_not_offered_a_loop_that_recomputes_it():
+    """The variance is read as var[i0] by the output: inside the output's row loop it is
+    computed once per row, inside the column loop once per element. Only the row loop is a
+    candidate; an elementwise producer keeps both."""
+    from ansor.search.annotate import compute_location_candidates
+
+    task = small_task("layer_norm_gelu")
+    state = ansor.State(task.dag)
+    state.compute_inline("layer_norm")
+    out = state.stage_id("gelu")
+    var = state.stage_id("layer_norm_var")
+    assert compute_location_candidates(state, var) == [(out, 0)]
+    from ansor import te
+
+    X = te.placeholder((20,), name="X")
+    Y = te.placeholder((6, 20), name="Y")
+    P = te.compute((20,), lambda j: X[j] * 2.0, name="P")
+    C = te.compute((6, 20), lambda i, j: P[j] + Y[i, j], name="C")
+    s2 = ansor.State(ansor.Task([X, Y, C]).dag)
+    assert len(compute_location_candidates(s2, s2.stage_id("P"))) == 2  # recomputing is its choice

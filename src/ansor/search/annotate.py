@@ -55,6 +55,7 @@ def sample_factors(extent: int, n: int, rng: random.Random, max_innermost: int =
 from dataclasses import replace as _replace  # noqa: E402
 
 from ansor.schedule.state import ScheduleError, State  # noqa: E402
+from ansor.te import expr as E  # noqa: E402
 from ansor.schedule.steps import SplitStep  # noqa: E402
 
 
@@ -137,20 +138,46 @@ def _loops_around(state: State, sid: int) -> list[tuple[int, int]]:
     return out
 
 
-def _reading_loops(state: State, c: int) -> list[tuple[int, int]]:
-    """Loops inside which a stage could be computed for consumer `c`: those around `c` and
-    `c`'s own, stopping at reduce or unrolled loops and after an attach point."""
-    out = _loops_around(state, c)
+def _root_axes(stage, name: str) -> set[str]:
+    """The original axes an iterator covers (several for a fused one)."""
+    for rel in stage.relations:
+        if hasattr(rel, "parent") and name in rel.children:
+            return _root_axes(stage, rel.parent)
+        if not hasattr(rel, "parent") and rel.fused == name:
+            return set().union(*(_root_axes(stage, c) for c in rel.children))
+    return {name}
+
+
+def _own_loops(state: State, c: int, producer: int) -> list[tuple[int, int]]:
+    """Loops of consumer `c` to compute `producer` in: outer to inner, stopping at reduce or
+    unrolled loops and after an attach point. A reduction is not offered a loop whose
+    iterations all read the same part of it (LayerNorm's variance inside the column loop,
+    summed again for every column): past the first such loop every placement recomputes."""
     target = state.stages[c]
+    indexing: set[str] | None = None
+    if state.stages[producer].op.reduce_axes:
+        tensor = state.stages[producer].tensor
+        indexing = {v.name for node in E.walk(state.effective_body(c))
+                    if isinstance(node, E.TensorRead) and node.tensor is tensor
+                    for idx in node.indices for v in E.free_vars(idx)}
+    out: list[tuple[int, int]] = []
     for i, it in enumerate(target.iters):
         if not _placeable(it):
             break
         if it.extent == 1:
             continue
+        if indexing is not None and not _root_axes(target, it.name) & indexing:
+            break
         out.append((c, i))
         if state.attached_to(target.name, it.name):
             break
     return out
+
+
+def _reading_loops(state: State, c: int, producer: int) -> list[tuple[int, int]]:
+    """Loops inside which `producer` could be computed for consumer `c`: those around `c`
+    and `c`'s own."""
+    return _loops_around(state, c) + _own_loops(state, c, producer)
 
 
 def compute_location_candidates(state: State, sid: int) -> list[tuple[int, int]]:
@@ -165,19 +192,11 @@ def compute_location_candidates(state: State, sid: int) -> list[tuple[int, int]]
     if not consumers:
         return []
     if len(consumers) > 1:
-        common = set.intersection(*(set(_reading_loops(state, c)) for c in consumers[1:]))
-        return [loc for loc in _reading_loops(state, consumers[0]) if loc in common]
+        common = set.intersection(*(set(_reading_loops(state, c, sid)) for c in consumers[1:]))
+        return [loc for loc in _reading_loops(state, consumers[0], sid) if loc in common]
     c = consumers[0]
     target = state.stages[c]
-    out: list[tuple[int, int]] = []
-    for i, it in enumerate(target.iters):
-        if it.kind == "reduce" or it.annotation in ("unroll", "vectorize"):
-            break
-        if it.extent == 1:
-            continue
-        out.append((c, i))
-        if state.attached_to(target.name, it.name):
-            break
+    out = _own_loops(state, c, sid)
     if isinstance(target.attach, tuple):
         x = state.stage_id(target.attach[0])
         xst = state.stages[x]
