@@ -194,20 +194,7 @@ def compute_location_candidates(state: State, sid: int) -> list[tuple[int, int]]
     if len(consumers) > 1:
         common = set.intersection(*(set(_reading_loops(state, c, sid)) for c in consumers[1:]))
         return [loc for loc in _reading_loops(state, consumers[0], sid) if loc in common]
-    c = consumers[0]
-    target = state.stages[c]
-    out = _own_loops(state, c, sid)
-    if isinstance(target.attach, tuple):
-        x = state.stage_id(target.attach[0])
-        xst = state.stages[x]
-        for i, it in enumerate(xst.iters):
-            if it.kind == "reduce" or it.annotation in ("unroll", "vectorize"):
-                break
-            if it.extent != 1:
-                out.append((x, i))
-            if it.name == target.attach[1]:
-                break
-    return out
+    return _own_loops(state, consumers[0], sid) + _loops_around(state, consumers[0])
 
 
 def location_is_free(state: State, sid: int) -> bool:
