@@ -222,13 +222,7 @@ class CCodegen:
         return f"{e.func}{f}({', '.join(args)})"
 
     def flat_index(self, buf: ir.Buffer, indices) -> str:
-        flat = None
-        for idx, stride in zip(indices, buf.strides()):
-            term = idx if stride == 1 else idx * stride
-            flat = term if flat is None else flat + term
-        if flat is None:
-            return "0"
-        return self.expr(simplify(flat, self.ranges))
+        return self.expr(simplify(buf.flat_index(indices), self.ranges))
 
     # --- statements -------------------------------------------------------------------------
     def emit(self, line: str, depth: int) -> None:
@@ -284,8 +278,7 @@ class CCodegen:
             self.emit(f"{ctype}* restrict {name} = ({ctype}*)aligned_alloc(64, {nbytes});", depth + 1)
         else:
             self.emit(f"{ctype} {name}[{b.size}] __attribute__((aligned(64)));", depth + 1)
-        parts = s.body.stmts if isinstance(s.body, ir.Seq) else [s.body]
-        for part in _flat_seq(parts):
+        for part in _flat_seq([s.body]):
             tile = None
             if b.scope == "local" and self.vector_bytes and isinstance(part, ir.For):
                 tile = plan_register_tile(part, b, self.vector_bytes, self.vector_registers, self.ranges)

@@ -86,14 +86,6 @@ class RegisterTile:
         return f"ANSOR_PIN{4 * self.lanes}"
 
 
-def _flat(buf: ir.Buffer, indices) -> E.Expr:
-    flat: E.Expr | None = None
-    for idx, stride in zip(indices, buf.strides()):
-        term = idx if stride == 1 else idx * stride
-        flat = term if flat is None else flat + term
-    return flat if flat is not None else E.Const(0, "int32")
-
-
 def _coefficient(expr: E.Expr, var: E.Var) -> int | None:
     """The coefficient of `var` in a linear index, None if `var` also sits inside a
     non-linear part (a div or mod)."""
@@ -107,6 +99,10 @@ def _coefficient(expr: E.Expr, var: E.Var) -> int | None:
     return coef
 
 
+def _offset(load: ir.BufferLoad, ranges: dict) -> E.Expr:
+    return simplify(load.buffer.flat_index(load.indices), ranges)
+
+
 def _loads(expr: E.Expr) -> list[ir.BufferLoad]:
     return [n for n in E.walk(expr) if isinstance(n, ir.BufferLoad)]
 
@@ -116,7 +112,7 @@ def _vectorizable(expr: E.Expr, vec_var: E.Var, ranges: dict) -> bool:
     contiguous in the vector variable or invariant in it, and anything else only where it does
     not depend on the vector variable (it stays scalar and is broadcast)."""
     if isinstance(expr, ir.BufferLoad):
-        return _coefficient(simplify(_flat(expr.buffer, expr.indices), ranges), vec_var) in (0, 1)
+        return _coefficient(_offset(expr, ranges), vec_var) in (0, 1)  # a broadcast or contiguous
     if isinstance(expr, E.BinOp) and expr.op in ("+", "-", "*"):
         return _vectorizable(expr.a, vec_var, ranges) and _vectorizable(expr.b, vec_var, ranges)
     return not any(n is vec_var for n in E.walk(expr))
@@ -149,8 +145,8 @@ def plan_register_tile(loop: ir.For, buf: ir.Buffer, vector_bytes: int, register
     added = value.b
     if any(ld.buffer is buf for ld in _loads(added)):
         return None
-    index = _flat(buf, store.indices)
-    difference = to_linear(simplify(_flat(buf, value.a.indices) - index, ranges))
+    index = buf.flat_index(store.indices)
+    difference = to_linear(simplify(buf.flat_index(value.a.indices) - index, ranges))
     if difference.terms or difference.const:
         return None  # reads another element than it writes
     index_vars = {id(v) for v in E.free_vars(index)}
@@ -174,8 +170,8 @@ def plan_register_tile(loop: ir.For, buf: ir.Buffer, vector_bytes: int, register
         point_value = E.substitute(added, binding)
         if not _vectorizable(point_value, vec.var, scope):
             return None
-        uses.update({_load_key(ld, scope) for ld in _loads(point_value)
-                     if _coefficient(simplify(_flat(ld.buffer, ld.indices), scope), vec.var) == 1})
+        offsets = [(ld, _offset(ld, scope)) for ld in _loads(point_value)]
+        uses.update({_load_key(ld, off) for ld, off in offsets if _coefficient(off, vec.var) == 1})
         for c in range(chunks):
             at = simplify(E.substitute(index, {**binding, vec.var: E.Const(c * lanes, "int32")}), scope)
             if not isinstance(at, E.Const) or at.value % lanes:
@@ -190,9 +186,9 @@ def plan_register_tile(loop: ir.For, buf: ir.Buffer, vector_bytes: int, register
     return RegisterTile(buf, lanes, kept, vec, added, statements, buf.size // lanes, pinned)
 
 
-def _load_key(load: ir.BufferLoad, ranges: dict) -> tuple[int, str]:
+def _load_key(load: ir.BufferLoad, offset: E.Expr) -> tuple[int, str]:
     """Identifies a contiguous operand across the vector chunks of one step."""
-    return id(load.buffer), expr_to_str(simplify(_flat(load.buffer, load.indices), ranges))
+    return id(load.buffer), expr_to_str(offset)
 
 
 def emit_register_tile(gen, tile: RegisterTile, depth: int) -> None:
@@ -230,8 +226,8 @@ def _vector_text(gen, tile: RegisterTile, expr: E.Expr, chunk_start: E.Const, lo
     variables, everything invariant in the vector variable stays scalar (GNU C broadcasts)."""
     vec_var, vt = tile.vector_loop.var, tile.vector_type
     if isinstance(expr, ir.BufferLoad):
-        flat = simplify(_flat(expr.buffer, expr.indices), gen.ranges)
-        if _coefficient(flat, vec_var) == 0:
+        offset = _offset(expr, gen.ranges)
+        if _coefficient(offset, vec_var) == 0:
             return gen.expr(expr)
         text = f"*(const {vt}*)&{gen.expr(E.substitute(expr, {vec_var: chunk_start}))}"
         name = loaded.get(text)
@@ -239,7 +235,7 @@ def _vector_text(gen, tile: RegisterTile, expr: E.Expr, chunk_start: E.Const, lo
             name = gen.names.fresh("vec")
             loaded[text] = name
             gen.emit(f"{vt} {name} = {text};", depth)
-            if _load_key(expr, gen.ranges) in tile.pinned:
+            if _load_key(expr, offset) in tile.pinned:
                 gen.emit(f"{tile.pin}({name});", depth)
         return name
     if isinstance(expr, E.BinOp) and expr.op in ("+", "-", "*") and _loads(expr):

@@ -40,6 +40,14 @@ class Buffer:
             acc *= n
         return tuple(reversed(out))
 
+    def flat_index(self, indices) -> E.Expr:
+        """The row-major element offset of `indices` (unsimplified)."""
+        flat: E.Expr | None = None
+        for idx, stride in zip(indices, self.strides()):
+            term = idx if stride == 1 else idx * stride
+            flat = term if flat is None else flat + term
+        return E.Const(0, "int32") if flat is None else flat
+
 
 class BufferLoad(E.Expr):
     __slots__ = ("buffer", "indices")

@@ -29,6 +29,16 @@ def root_axis_of(stage, name: str) -> str:
     return name
 
 
+def root_axes_of(stage, name: str) -> set[str]:
+    """Every original axis an iterator covers (all parts of a fused one, through splits)."""
+    for rel in stage.relations:
+        if hasattr(rel, "parent") and name in rel.children:
+            return root_axes_of(stage, rel.parent)
+        if not hasattr(rel, "parent") and rel.fused == name:
+            return set().union(*(root_axes_of(stage, c) for c in rel.children))
+    return {name}
+
+
 def leaf_expressions(stage, leaf_values: dict[str, E.Expr], root_extents: dict[str, int]):
     """Express each root axis through the leaf iterators' values.
 

@@ -54,6 +54,7 @@ def sample_factors(extent: int, n: int, rng: random.Random, max_innermost: int =
 
 from dataclasses import replace as _replace  # noqa: E402
 
+from ansor.schedule.relations import root_axes_of  # noqa: E402
 from ansor.schedule.state import ScheduleError, State  # noqa: E402
 from ansor.te import expr as E  # noqa: E402
 from ansor.schedule.steps import SplitStep  # noqa: E402
@@ -138,16 +139,6 @@ def _loops_around(state: State, sid: int) -> list[tuple[int, int]]:
     return out
 
 
-def _root_axes(stage, name: str) -> set[str]:
-    """The original axes an iterator covers (several for a fused one)."""
-    for rel in stage.relations:
-        if hasattr(rel, "parent") and name in rel.children:
-            return _root_axes(stage, rel.parent)
-        if not hasattr(rel, "parent") and rel.fused == name:
-            return set().union(*(_root_axes(stage, c) for c in rel.children))
-    return {name}
-
-
 def _own_loops(state: State, c: int, producer: int) -> list[tuple[int, int]]:
     """Loops of consumer `c` to compute `producer` in: outer to inner, stopping at reduce or
     unrolled loops and after an attach point. A reduction is not offered a loop whose
@@ -166,7 +157,7 @@ def _own_loops(state: State, c: int, producer: int) -> list[tuple[int, int]]:
             break
         if it.extent == 1:
             continue
-        if indexing is not None and not _root_axes(target, it.name) & indexing:
+        if indexing is not None and not root_axes_of(target, it.name) & indexing:
             break
         out.append((c, i))
         if state.attached_to(target.name, it.name):
