@@ -12,6 +12,7 @@ import ansor
 from ansor.measure import Builder, MeasureErrorNo, check_outputs
 from ansor.measure.run import evaluate_kernel
 from ansor.codegen import generate_source
+from ansor.lower.lower import schedule_text
 from ansor.search.annotate import annotate, factorizations
 from ansor.search.sketch import Cond, SketchRule
 from ansor.search.sketch_policy import SketchPolicy
@@ -183,6 +184,24 @@ def test_register_tiles_put_the_whole_reduction_around_the_innermost_tile():
                     reduce_lengths.add(st.steps[i].lengths)
             assert tile <= (3 * registers // 4) * lanes
     assert any(lengths != (1,) for lengths in reduce_lengths)
+
+
+def test_register_tiles_fill_whole_vectors_on_the_vectorized_loop():
+    """A register tile's innermost loop (the one annotation vectorizes: output columns, or
+    channels where the weights are packed) takes a multiple of the vector lanes, so the tile is
+    made of full vectors, never of scalars."""
+    task = ansor.Task(make_task_tensors("conv2d", (1, 8, 16, 16, 16, 3, 3), padding=1), name="conv2d")
+    policy = SketchPolicy(task, seed=5, params={"register_tile_prob": 1.0})
+    rng = random.Random(1)
+    for sketch in policy.sketches:
+        for lanes, registers in [(16, 32), (8, 16)]:
+            for _ in range(4):
+                st = annotate(sketch.steps, task.dag, rng, policy.params, 2, lanes, registers)
+                assert st is not None
+                conv = next(s for s in st.stages if not s.is_placeholder and s.op.reduce_axes
+                            and s.iters and s.iters[-1].kind == "spatial")
+                assert conv.iters[-1].annotation == "vectorize"
+                assert conv.iters[-1].extent % lanes == 0, schedule_text(st)
 
 
 def test_row_statistics_can_be_computed_inside_the_output_row_loop(tmp_path):

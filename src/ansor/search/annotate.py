@@ -54,7 +54,7 @@ def sample_factors(extent: int, n: int, rng: random.Random, max_innermost: int =
 
 from dataclasses import replace as _replace  # noqa: E402
 
-from ansor.schedule.relations import root_axes_of  # noqa: E402
+from ansor.schedule.relations import root_axes_of, root_axis_of  # noqa: E402
 from ansor.schedule.state import ScheduleError, State  # noqa: E402
 from ansor.te import expr as E  # noqa: E402
 from ansor.schedule.steps import SplitStep  # noqa: E402
@@ -95,9 +95,11 @@ def fill_tile_sizes(dag, steps: list, rng: random.Random, max_innermost: int, ve
     is drawn to fit `register_vectors` vectors of `vector_lanes` floats (redrawn a few
     times). Uniform sampling rarely draws length 1 on every axis at once."""
     register = register_level_splits(steps) if rng.random() < register_tile_prob else set()
+    vector_splits = innermost_loop_splits(dag, tuple(steps)) & register if vector_lanes > 1 else set()
     drawn: dict[int, tuple[int, ...]] = {}
     for _ in range(8):
-        drawn = {i: _register_lengths(steps[i], rng, max_innermost, vector_lanes) for i in sorted(register)}
+        drawn = {i: _register_lengths(steps[i], rng, max_innermost, vector_lanes, i in vector_splits)
+                 for i in sorted(register)}
         tile: dict[int, int] = {}
         for i, lengths in drawn.items():
             tile[steps[i].stage_id] = tile.get(steps[i].stage_id, 1) * lengths[-1]
@@ -112,9 +114,38 @@ def fill_tile_sizes(dag, steps: list, rng: random.Random, max_innermost: int, ve
     return State.replay(dag, filled)
 
 
-def _register_lengths(step: SplitStep, rng: random.Random, max_innermost: int, vector_lanes: int) -> tuple[int, ...]:
-    outer = sample_factors(step.extent, len(step.lengths) - 1, rng, max_innermost, vector_lanes)
+def _register_lengths(step: SplitStep, rng: random.Random, max_innermost: int, vector_lanes: int,
+                      vectorized: bool) -> tuple[int, ...]:
+    """Lengths of one register-tiled axis: second innermost 1; the axis whose innermost loop
+    is vectorized always takes a multiple of the lanes where its extent has one (a register
+    tile without full vectors on that loop is a tile of scalars)."""
+    n = len(step.lengths) - 1
+    multiples = [d for d in divisors(step.extent) if d % vector_lanes == 0 and d <= max_innermost] if vectorized else []
+    if multiples:
+        inner = rng.choice(multiples)
+        outer = rng.choice(factorizations(step.extent // inner, n - 1, step.extent)) + (inner,) if n > 1 else (inner,)
+    else:
+        outer = sample_factors(step.extent, n, rng, max_innermost, vector_lanes)
     return (*outer[:-1], 1, outer[-1])
+
+
+@functools.lru_cache(maxsize=256)
+def innermost_loop_splits(dag, sketch_steps: tuple) -> frozenset[int]:
+    """Indices of the sketch's splits whose innermost part becomes its stage's innermost loop:
+    the loop annotation vectorizes. Found by replaying the sketch once (cached per sketch)."""
+    state = State(dag)
+    axis_of_split: dict[int, tuple[str, str]] = {}  # by stage name: later steps may add stages
+    try:
+        for i, step in enumerate(sketch_steps):
+            if isinstance(step, SplitStep):
+                stage = state.stages[step.stage_id]
+                axis_of_split[i] = (stage.name, stage.iters[step.iter_id].name)
+            step.apply(state)
+    except (ScheduleError, IndexError):
+        return frozenset()
+    innermost = {st.name: root_axis_of(st, st.iters[-1].name) for st in state.stages
+                 if not st.is_placeholder and st.iters}
+    return frozenset(i for i, (stage, axis) in axis_of_split.items() if innermost.get(stage) == axis)
 
 
 def _placeable(it) -> bool:
