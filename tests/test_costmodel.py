@@ -111,11 +111,11 @@ def test_adaptive_training_skips_small_updates():
 def test_warmup_returns_random_scores_until_enough_programs():
     f, c = _dataset(130, seed=4)
     model = XGBModel(num_warmup_sample=100, n_threads=1)
-    model.update(f[:100], c[:100], ["t"] * 100)
+    model.update(f[:99], c[:99], ["t"] * 99)
     assert model.booster is None
     a, b = model.predict(f[:50]), model.predict(f[:50])
     assert np.all((a >= 0) & (a < 1)) and not np.array_equal(a, b)
-    model.update(f[100:], c[100:], ["t"] * 30)  # 130 > 100: the model takes over
+    model.update(f[99:], c[99:], ["t"] * 31)  # 130 >= 100: the model takes over
     assert model.booster is not None
     np.testing.assert_array_equal(model.predict(f[:50]), model.predict(f[:50]))
 
