@@ -690,3 +690,25 @@ def test_reduction_loops_between_the_tile_rows_are_unrolled_in_the_tile(builder)
     inputs = random_inputs(task)
     a, b = (x.astype(np.float64) for x in inputs)
     assert_close(run_state(task, s, builder, inputs), a @ b)
+
+
+def test_auto_unroll_stops_before_it_copies_a_vector_loop_too_often(builder):
+    """auto_unroll_max_step 512 marks k.1 (8) and the rows (8) around an 8-lane vector loop;
+    unrolling both would make 64 copies of the `omp simd` loop, which gcc vectorizes one by
+    one (minutes of compile for a few hundred copies), so only the rows get the pragma."""
+    from ansor.codegen.c import MAX_UNROLLED_VECTOR_LOOPS, generate_c
+
+    task, s = register_tile_state(8, 8)
+    s.split("matmul.local", "k", [8])
+    s.reorder("matmul.local", ["k.0", "k.1", "i", "j"])
+    s.pragma("matmul.local", "k.0", "auto_unroll_max_step$512")
+    func = lower(s, "mm")
+    hinted = [f.var.name for f in ir.walk_stmts(func.body) if isinstance(f, ir.For) and f.unroll_hint]
+    assert "k.1" in hinted and "i" in hinted and 8 * 8 > MAX_UNROLLED_VECTOR_LOOPS
+    lines = generate_c(func)[0].splitlines()
+    before = {line.strip(): lines[n - 1].strip() for n, line in enumerate(lines) if "for (int32_t" in line}
+    assert not before["for (int32_t k_1 = 0; k_1 < 8; ++k_1) {"].startswith("#pragma GCC unroll")
+    assert before["for (int32_t i = 0; i < 8; ++i) {"] == "#pragma GCC unroll 8"
+    inputs = random_inputs(task)
+    a, b = (x.astype(np.float64) for x in inputs)
+    assert_close(run_state(task, s, builder, inputs), a @ b)
