@@ -91,20 +91,16 @@ def fill_tile_sizes(dag, steps: list, rng: random.Random, max_innermost: int, ve
     With probability `register_tile_prob` the program gets a register tile: the second
     innermost level of every tiled spatial axis is 1, so the reduction loops (which the
     tiling structure puts on both sides of that level) all sit right around the innermost
-    tile, and an accumulator tile computed at the level above is exactly that tile. Its size
-    is drawn to fit `register_vectors` vectors of `vector_lanes` floats (redrawn a few
-    times). Uniform sampling rarely draws length 1 on every axis at once."""
+    tile, and an accumulator tile computed at the level above is exactly that tile.
+    Uniform sampling rarely draws length 1 on every axis at once."""
     register = register_level_splits(steps) if rng.random() < register_tile_prob else set()
-    vector_splits = innermost_loop_splits(dag, tuple(steps)) & register if vector_lanes > 1 else set()
-    drawn: dict[int, tuple[int, ...]] = {}
-    for _ in range(8):
-        drawn = {i: _register_lengths(steps[i], rng, max_innermost, vector_lanes, i in vector_splits)
-                 for i in sorted(register)}
-        tile: dict[int, int] = {}
-        for i, lengths in drawn.items():
-            tile[steps[i].stage_id] = tile.get(steps[i].stage_id, 1) * lengths[-1]
-        if vector_lanes <= 1 or all(t <= register_vectors * vector_lanes for t in tile.values()):
-            break
+    if vector_lanes > 1:
+        drawn = _register_tile(dag, steps, register, rng, max_innermost, vector_lanes, register_vectors)
+    else:  # no vector unit to size the tile by: each axis drawn on its own
+        drawn = {}
+        for i in sorted(register):
+            lengths = sample_factors(steps[i].extent, len(steps[i].lengths) - 1, rng, max_innermost, vector_lanes)
+            drawn[i] = (*lengths[:-1], 1, lengths[-1])
     filled = []
     for i, step in enumerate(steps):
         if _undecided(step):
@@ -114,19 +110,36 @@ def fill_tile_sizes(dag, steps: list, rng: random.Random, max_innermost: int, ve
     return State.replay(dag, filled)
 
 
-def _register_lengths(step: SplitStep, rng: random.Random, max_innermost: int, vector_lanes: int,
-                      vectorized: bool) -> tuple[int, ...]:
-    """Lengths of one register-tiled axis: second innermost 1; the axis whose innermost loop
-    is vectorized always takes a multiple of the lanes where its extent has one (a register
-    tile without full vectors on that loop is a tile of scalars)."""
-    n = len(step.lengths) - 1
-    multiples = [d for d in divisors(step.extent) if d % vector_lanes == 0 and d <= max_innermost] if vectorized else []
-    if multiples:
-        inner = rng.choice(multiples)
-        outer = rng.choice(factorizations(step.extent // inner, n - 1, step.extent)) + (inner,) if n > 1 else (inner,)
-    else:
-        outer = sample_factors(step.extent, n, rng, max_innermost, vector_lanes)
-    return (*outer[:-1], 1, outer[-1])
+def _register_tile(dag, steps: list, register: set[int], rng: random.Random, max_innermost: int,
+                   vector_lanes: int, register_vectors: int) -> dict[int, tuple[int, ...]]:
+    """Split lengths of a register tile that fits `register_vectors` vectors and is made of
+    full vectors. The axis whose innermost loop annotation vectorizes (output columns, or
+    channels where the weights are packed) draws first, a multiple of the lanes where its
+    extent has one; the other axes then draw among the lengths that still fit. (Drawing every
+    axis freely and retrying fits a 96-float AVX2 budget in a few percent of draws on a
+    convolution, and a tile whose vectorized loop is 1 or 4 long is a tile of scalars.)"""
+    vectorized = innermost_loop_splits(dag, tuple(steps))
+    room: dict[int, int] = {}  # floats left in each stage's tile
+    drawn: dict[int, tuple[int, ...]] = {}
+    order = sorted(register, key=lambda i: (i not in vectorized, rng.random()))
+    for i in order:
+        step = steps[i]
+        left = room.setdefault(step.stage_id, register_vectors * vector_lanes)
+        fits = [d for d in divisors(step.extent) if d <= min(left, max_innermost)]
+        if i in vectorized:
+            fits = [d for d in fits if d % vector_lanes == 0] or fits
+        inner = rng.choice(fits)
+        room[step.stage_id] = left // inner
+        drawn[i] = _tile_lengths(step, inner, rng)
+    return drawn
+
+
+def _tile_lengths(step: SplitStep, inner: int, rng: random.Random) -> tuple[int, ...]:
+    """A register-tiled axis's lengths: the outer levels a random tiling of what `inner`
+    leaves, then 1, then `inner`."""
+    n = len(step.lengths) - 2  # levels above the 1
+    outer = rng.choice(factorizations(step.extent // inner, n, step.extent)) if n > 0 else ()
+    return (*outer, 1, inner)
 
 
 @functools.lru_cache(maxsize=256)
