@@ -116,8 +116,8 @@ def _register_tile(dag, steps: list, register: set[int], rng: random.Random, max
     full vectors. The axis whose innermost loop annotation vectorizes (output columns, or
     channels where the weights are packed) draws first, a multiple of the lanes where its
     extent has one; the other axes then draw among the lengths that still fit. (Drawing every
-    axis freely and retrying fits a 96-float AVX2 budget in a few percent of draws on a
-    convolution, and a tile whose vectorized loop is 1 or 4 long is a tile of scalars.)"""
+    axis freely and retrying left most of a convolution's register tiles over the 96-float
+    AVX2 budget, and a tile whose vectorized loop is 1 or 4 long is a tile of scalars.)"""
     vectorized = innermost_loop_splits(dag, tuple(steps))
     room: dict[int, int] = {}  # floats left in each stage's tile
     drawn: dict[int, tuple[int, ...]] = {}
