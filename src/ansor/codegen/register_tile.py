@@ -107,14 +107,15 @@ def _loads(expr: E.Expr) -> list[ir.BufferLoad]:
     return [n for n in E.walk(expr) if isinstance(n, ir.BufferLoad)]
 
 
-def _vectorizable(expr: E.Expr, vec_var: E.Var, ranges: dict) -> bool:
+def _vectorizable(expr: E.Expr, vec_var: E.Var, offsets: dict[int, E.Expr]) -> bool:
     """Whether an added value can be written as vector arithmetic: +, -, * over loads that are
     contiguous in the vector variable or invariant in it, and anything else only where it does
-    not depend on the vector variable (it stays scalar and is broadcast)."""
+    not depend on the vector variable (it stays scalar and is broadcast). `offsets`: each
+    load's simplified element offset, by id."""
     if isinstance(expr, ir.BufferLoad):
-        return _coefficient(_offset(expr, ranges), vec_var) in (0, 1)  # a broadcast or contiguous
+        return _coefficient(offsets[id(expr)], vec_var) in (0, 1)  # a broadcast or contiguous
     if isinstance(expr, E.BinOp) and expr.op in ("+", "-", "*"):
-        return _vectorizable(expr.a, vec_var, ranges) and _vectorizable(expr.b, vec_var, ranges)
+        return _vectorizable(expr.a, vec_var, offsets) and _vectorizable(expr.b, vec_var, offsets)
     return not any(n is vec_var for n in E.walk(expr))
 
 
@@ -168,10 +169,11 @@ def plan_register_tile(loop: ir.For, buf: ir.Buffer, vector_bytes: int, register
     for values in itertools.product(*(range(f.extent) for f in inner)):
         binding = {f.var: E.Const(v, "int32") for f, v in zip(inner, values)}
         point_value = E.substitute(added, binding)
-        if not _vectorizable(point_value, vec.var, scope):
+        loads = _loads(point_value)
+        offsets = {id(ld): _offset(ld, scope) for ld in loads}
+        if not _vectorizable(point_value, vec.var, offsets):
             return None
-        offsets = [(ld, _offset(ld, scope)) for ld in _loads(point_value)]
-        uses.update({_load_key(ld, off) for ld, off in offsets if _coefficient(off, vec.var) == 1})
+        uses.update({_load_key(ld, offsets[id(ld)]) for ld in loads if _coefficient(offsets[id(ld)], vec.var) == 1})
         for c in range(chunks):
             at = simplify(E.substitute(index, {**binding, vec.var: E.Const(c * lanes, "int32")}), scope)
             if not isinstance(at, E.Const) or at.value % lanes:
