@@ -5,6 +5,7 @@ full policy proposes batches and learns from measurements."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,7 +14,8 @@ from ansor.costmodel.model import RandomModel, XGBModel
 from ansor.kernel import compile_state
 from ansor.measure import Builder
 from ansor.schedule.steps import PragmaStep, SplitStep
-from ansor.search.evolution import MUTATIONS, crossover, evolve, mutate_tile_size
+from ansor.schedule.state import State
+from ansor.search.evolution import MUTATIONS, crossover, evolve, multi_level_splits, mutate_tile_shape, mutate_tile_size
 from ansor.search.sketch_policy import SketchPolicy
 from ansor.workloads import make_task
 
@@ -45,6 +47,34 @@ def test_tile_size_mutation_preserves_perfect_tiling(conv_policy):
         for s in child.steps:
             if isinstance(s, SplitStep) and s.lengths:
                 assert s.lengths[-1] <= conv_policy.params["max_innermost_split_factor"]
+
+
+def test_tile_shape_mutation_reshapes_the_innermost_tile_at_equal_volume():
+    """A 1x64 register tile (rows x columns) becomes 2x32, 4x16, ... in one step: both axes
+    change, the tile's volume does not, both extents stay perfectly tiled, and a register
+    tile keeps its 1 at the second innermost level."""
+    task = make_task("matmul", (64, 64, 64))
+    policy = SketchPolicy(task, seed=0, params={"search_workers": 1})
+    rng = random.Random(3)
+    sketch = next(s for s in policy.sketches if len(multi_level_splits(s.steps)) == 2)
+    i, j = multi_level_splits(sketch.steps)
+    steps = list(sketch.steps)
+    steps[i] = replace(steps[i], lengths=(4, 1, 1))  # rows: 16 x 4 x 1 x 1
+    steps[j] = replace(steps[j], lengths=(1, 1, 64))  # columns: one register row of 64
+    for k, s in enumerate(steps):
+        if isinstance(s, SplitStep) and any(n is None for n in s.lengths):
+            steps[k] = replace(s, lengths=tuple(1 for _ in s.lengths))
+    parent = State.replay(task.dag, steps)
+    shapes = set()
+    for _ in range(40):
+        child = mutate_tile_shape(parent, rng, policy.params)
+        assert child is not None
+        rows, cols = child.steps[i].lengths, child.steps[j].lengths
+        assert rows[-1] * cols[-1] == 64 and rows[-1] > 1
+        assert rows[-2] == cols[-2] == 1
+        assert all(perfect for *_, perfect in _split_products(child))
+        shapes.add((rows[-1], cols[-1]))
+    assert {(2, 32), (4, 16), (8, 8)} <= shapes
 
 
 @pytest.mark.parametrize("name", sorted(MUTATIONS))

@@ -68,6 +68,72 @@ def mutate_tile_size(state: State, rng: random.Random, params: dict) -> State | 
     return None
 
 
+def multi_level_splits(steps: Sequence[Step]) -> list[int]:
+    """Indices of the splits of multi-level-tiled spatial axes: every split with the most
+    levels of its stage, two or more (a tiling structure has more spatial than reduction
+    levels)."""
+    deepest: dict[int, int] = {}
+    for s in steps:
+        if isinstance(s, SplitStep):
+            deepest[s.stage_id] = max(deepest.get(s.stage_id, 0), len(s.lengths))
+    return [i for i, s in enumerate(steps)
+            if isinstance(s, SplitStep) and len(s.lengths) >= 2 and len(s.lengths) == deepest[s.stage_id]]
+
+
+def _levels(step: SplitStep) -> list[int] | None:
+    """All levels of a perfect split, outermost (the implied one) first; None if not perfect."""
+    prod = 1
+    for n in step.lengths:
+        prod *= n
+    if step.extent % prod:
+        return None
+    return [step.extent // prod, *step.lengths]
+
+
+def mutate_tile_shape(state: State, rng: random.Random, params: dict) -> State | None:
+    """Reshape a stage's innermost tile: move a factor from one tiled axis's innermost level to
+    another's, its volume unchanged; each axis gives or takes the factor back at one of its
+    outer levels (not the second innermost: a register tile keeps its 1 there), so both
+    extents stay perfectly tiled.
+
+    Why: `mutate_tile_size` edits one axis at a time, so going from a 1x64 register tile to
+    4x16 passes through 4x64 (over the registers) or 1x16 (too little reuse), both slow: the
+    model never breeds past them. Here it is one step."""
+    max_inner = params["max_innermost_split_factor"]
+    tiled: dict[int, list[int]] = {}  # stage -> indices of its multi-level spatial splits
+    for i in multi_level_splits(state.steps):
+        s = state.steps[i]
+        if s.extent and s.inner_to_outer and all(n is not None for n in s.lengths):
+            tiled.setdefault(s.stage_id, []).append(i)
+    givers = [i for idx in tiled.values() if len(idx) >= 2 for i in idx if state.steps[i].lengths[-1] > 1]
+    for _ in range(8):
+        if not givers:
+            return None
+        a = rng.choice(givers)
+        takers_of_a = [i for i in tiled[state.steps[a].stage_id] if i != a and state.steps[i].extent > 1]
+        if not takers_of_a:
+            givers.remove(a)
+            continue
+        b = rng.choice(takers_of_a)
+        va, vb = _levels(state.steps[a]), _levels(state.steps[b])
+        if va is None or vb is None:
+            continue
+        outer_levels = range(len(va) - 2) if len(va) > 2 else range(len(va) - 1)
+        d = rng.choice([d for d in divisors(va[-1]) if d > 1])
+        takers = [k for k in outer_levels if vb[k] % d == 0]
+        if not takers or vb[-1] * d > max_inner:
+            continue
+        va[-1] //= d
+        va[rng.choice(list(outer_levels))] *= d
+        vb[-1] *= d
+        vb[rng.choice(takers)] //= d
+        steps = list(state.steps)
+        steps[a] = replace(state.steps[a], lengths=tuple(va[1:]))
+        steps[b] = replace(state.steps[b], lengths=tuple(vb[1:]))
+        return _replay(state.dag, steps)
+    return None
+
+
 def mutate_auto_unroll(state: State, rng: random.Random, params: dict) -> State | None:
     pragmas = [i for i, s in enumerate(state.steps) if isinstance(s, PragmaStep)]
     if not pragmas:
@@ -146,6 +212,7 @@ def mutate_parallel(state: State, rng: random.Random, params: dict) -> State | N
 
 MUTATIONS: dict[str, Callable[[State, random.Random, dict], State | None]] = {
     "tile_size": mutate_tile_size,
+    "tile_shape": mutate_tile_shape,
     "auto_unroll": mutate_auto_unroll,
     "compute_location": mutate_compute_location,
     "parallel": mutate_parallel,

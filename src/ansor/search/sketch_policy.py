@@ -12,8 +12,9 @@ import time
 from typing import Sequence
 
 from ansor.schedule.state import ScheduleError, State
-from ansor.schedule.steps import SplitStep, steps_from_json
+from ansor.schedule.steps import steps_from_json
 from ansor.search.annotate import annotate
+from ansor.search.evolution import multi_level_splits
 from ansor.search.params import search_params
 from ansor.search.policy import SearchPolicy
 from ansor.search.sketch import Sketch, SketchContext, SketchRule, generate_sketches
@@ -219,12 +220,7 @@ def tiling_signature(program) -> tuple:
     """The multi-level tiling decision of a program: the lengths of every split that has the
     most levels of its stage (two or more), by stage. Programs that differ only in unrolling,
     parallel granularity or reduction splits share it."""
-    deepest: dict[int, int] = {}
-    splits = [s for s in program.steps if isinstance(s, SplitStep)]
-    for s in splits:
-        deepest[s.stage_id] = max(deepest.get(s.stage_id, 0), len(s.lengths))
-    return tuple((s.stage_id, s.lengths) for s in splits
-                 if len(s.lengths) >= 2 and len(s.lengths) == deepest[s.stage_id])
+    return tuple((program.steps[i].stage_id, program.steps[i].lengths) for i in multi_level_splits(program.steps))
 
 
 def diverse_best(ranked: Sequence, n: int, per_tiling: int) -> list:
