@@ -186,6 +186,29 @@ def test_a_batch_spreads_over_tilings_while_following_the_ranking():
     assert [p.key() for p in diverse_best(ranked, 3, per_tiling=0)] == [p.key() for p in ranked[:3]]
 
 
+def test_a_batch_can_spread_over_innermost_tile_shapes():
+    """With `per_inner_tile`, tilings that differ only outside the innermost tile count as one
+    shape: the batch takes the next shape before more of the same."""
+    from ansor.search.sketch_policy import diverse_best, tiling_signature
+
+    task = make_task("matmul", (64, 64, 64))
+    policy = SketchPolicy(task, seed=9)
+    programs = policy.sample(60)
+
+    def inner(st):
+        return tuple(lengths[-1] for _, lengths in tiling_signature(st))
+
+    shapes = {inner(st) for st in programs}
+    assert len(shapes) >= 4
+    first = max(shapes, key=lambda shape: sum(inner(st) == shape for st in programs))
+    same_shape = [st for st in programs if inner(st) == first]
+    assert len(same_shape) >= 4
+    ranked = same_shape + [st for st in programs if inner(st) != first]
+    picks = diverse_best(ranked, 4, per_tiling=0, per_inner_tile=1)
+    assert len({inner(p) for p in picks}) == 4
+    assert [p.key() for p in diverse_best(ranked, 3, per_tiling=0)] == [p.key() for p in ranked[:3]]
+
+
 def test_policy_learns_from_measurements():
     from ansor.database import Record
     from ansor.measurer import MeasureResult

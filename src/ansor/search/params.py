@@ -35,6 +35,7 @@ SEARCH_DEFAULTS: dict[str, object] = {
     "eps_greedy": 0.05,
     "max_picks_per_tiling": 8,            # a batch measures at most this many programs with the same
                                           # multi-level tiling (0: no limit; the reference has none)
+    "max_picks_per_inner_tile": 0,        # ... and with the same innermost tile shape (0: no limit)
     "feature_cache_size": 100_000,        # programs whose features are kept between rounds
     "search_workers": 0,                  # processes breeding children and extracting features
                                           # (0: one per core; 1: all in the search process)

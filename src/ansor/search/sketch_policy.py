@@ -168,7 +168,8 @@ class SketchPolicy(SearchPolicy):
         t2 = time.perf_counter()
         picks: list[State] = []
         chosen: set[str] = set()
-        for st in diverse_best([st for _, st in ranked], n - n_random, p["max_picks_per_tiling"]):
+        for st in diverse_best([st for _, st in ranked], n - n_random, p["max_picks_per_tiling"],
+                               p["max_picks_per_inner_tile"]):
             picks.append(as_state(st))
             chosen.add(st.key())
         pool = [st for st in init if st.key() not in chosen and st.key() not in measured_keys]
@@ -223,15 +224,17 @@ def tiling_signature(program) -> tuple:
     return tuple((program.steps[i].stage_id, program.steps[i].lengths) for i in multi_level_splits(program.steps))
 
 
-def diverse_best(ranked: Sequence, n: int, per_tiling: int) -> list:
+def diverse_best(ranked: Sequence, n: int, per_tiling: int, per_inner_tile: int = 0) -> list:
     """Up to n distinct programs from `ranked` (best first), at most `per_tiling` with the same
-    tiling while others remain. Without the cap a batch tends to be 64 near-copies of one
-    tiling the model over-rates, and measuring them teaches it little; with it, the batch still
-    follows the model's ranking but covers several tilings. 0: no cap."""
+    tiling and `per_inner_tile` with the same innermost tile shape while others remain.
+    Without the cap a batch tends to be 64 near-copies of one tiling the model over-rates, and
+    measuring them teaches it little; with it, the batch still follows the model's ranking but
+    covers several tilings. 0: no cap."""
     picks: list = []
     keys: set[str] = set()
     per: dict[tuple, int] = {}
-    for capped in ((True, False) if per_tiling else (False,)):
+    per_inner: dict[tuple, int] = {}
+    for capped in ((True, False) if per_tiling or per_inner_tile else (False,)):
         for st in ranked:
             if len(picks) >= n:
                 return picks
@@ -239,9 +242,12 @@ def diverse_best(ranked: Sequence, n: int, per_tiling: int) -> list:
                 continue
             if capped:
                 sig = tiling_signature(st)
-                if per.get(sig, 0) >= per_tiling:
+                inner = tuple((stage, lengths[-1]) for stage, lengths in sig)
+                if ((per_tiling and per.get(sig, 0) >= per_tiling)
+                        or (per_inner_tile and per_inner.get(inner, 0) >= per_inner_tile)):
                     continue
                 per[sig] = per.get(sig, 0) + 1
+                per_inner[inner] = per_inner.get(inner, 0) + 1
             picks.append(st)
             keys.add(st.key())
     return picks
