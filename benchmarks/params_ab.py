@@ -21,11 +21,10 @@ import time
 
 import ansor
 from ansor.costmodel.model import XGBModel
-from ansor.measure import check_outputs
 from ansor.search.sketch_policy import SketchPolicy
 from ansor.workloads import make_task
 
-from suite import SUITE, time_in_turns, trials_to_reach
+from suite import SUITE, build_checked, time_in_turns, trials_to_reach
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -47,12 +46,7 @@ def tune_variant(task, name: str, overrides: dict | None, trials: int, seed: int
     res = ansor.tune(task, trials=trials, database=db, seed=seed, policy=policy)
     if not isinstance(policy, str):
         policy.close()
-    kernel = ansor.build(task, database=db)
-    inputs = task.random_inputs(seed=1)
-    out = kernel(*inputs)
-    problem = check_outputs(list(out) if isinstance(out, tuple) else [out], task.reference_outputs(inputs))
-    if problem:
-        raise AssertionError(f"{name}: built kernel is wrong: {problem}")
+    kernel, inputs = build_checked(task, db, name)
     print(f"  {name}: tuned in {time.time() - t0:.0f} s, best during tuning "
           f"{max((g for _, g in res.curve), default=0.0):.1f} GFLOP/s", flush=True)
     return kernel, inputs, res.curve

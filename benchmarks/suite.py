@@ -95,13 +95,20 @@ def tune_and_build(name, shape, opts, trials, policy, seed, db_dir=None, transfe
               f"from {transfer_from}", flush=True)
     t0 = time.time()
     res = ansor.tune(task, trials=trials, database=db, seed=seed, policy=policy)
+    kernel, inputs = build_checked(task, db, name)
+    return task, inputs, kernel, res, time.time() - t0
+
+
+def build_checked(task, db: str, label: str):
+    """The database's best kernel of the task and the inputs it was checked on against the
+    reference (a wrong kernel stops the benchmark)."""
     kernel = ansor.build(task, database=db)
     inputs = task.random_inputs(seed=1)
     out = kernel(*inputs)
     problem = check_outputs(list(out) if isinstance(out, tuple) else [out], task.reference_outputs(inputs))
     if problem:
-        raise AssertionError(f"{name}: built kernel is wrong: {problem}")
-    return task, inputs, kernel, res, time.time() - t0
+        raise AssertionError(f"{label}: built kernel is wrong: {problem}")
+    return kernel, inputs
 
 
 def time_in_turns(timers: dict) -> dict:
