@@ -98,7 +98,8 @@ def mutate_tile_shape(state: State, rng: random.Random, params: dict) -> State |
 
     Why: `mutate_tile_size` edits one axis at a time, so going from a 1x64 register tile to
     4x16 passes through 4x64 (over the registers) or 1x16 (too little reuse), both slow: the
-    model never breeds past them. Here it is one step."""
+    model never breeds past them. Here it is one step. (No weight by default: in the runs so
+    far the model seldom ranked the reshaped children high; see BENCHMARKS.md.)"""
     max_inner = params["max_innermost_split_factor"]
     tiled: dict[int, list[int]] = {}  # stage -> indices of its multi-level spatial splits
     for i in multi_level_splits(state.steps):
@@ -118,7 +119,7 @@ def mutate_tile_shape(state: State, rng: random.Random, params: dict) -> State |
         va, vb = _levels(state.steps[a]), _levels(state.steps[b])
         if va is None or vb is None:
             continue
-        outer_levels = range(len(va) - 2) if len(va) > 2 else range(len(va) - 1)
+        outer_levels = range(len(va) - 2)  # multi-level: at least 3 levels
         d = rng.choice([d for d in divisors(va[-1]) if d > 1])
         takers = [k for k in outer_levels if vb[k] % d == 0]
         if not takers or vb[-1] * d > max_inner:
