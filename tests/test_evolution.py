@@ -15,7 +15,8 @@ from ansor.kernel import compile_state
 from ansor.measure import Builder
 from ansor.schedule.steps import PragmaStep, SplitStep
 from ansor.schedule.state import State
-from ansor.search.evolution import MUTATIONS, crossover, evolve, multi_level_splits, mutate_tile_shape, mutate_tile_size
+from ansor.search.annotate import multi_level_splits
+from ansor.search.evolution import MUTATIONS, crossover, evolve, mutate_tile_shape, mutate_tile_size
 from ansor.search.sketch_policy import SketchPolicy
 from ansor.workloads import make_task
 

@@ -74,6 +74,18 @@ def register_level_splits(steps: list) -> set[int]:
     return {i for i, step in undecided if len(step.lengths) >= 2 and len(step.lengths) == levels[step.stage_id]}
 
 
+def multi_level_splits(steps: list) -> list[int]:
+    """Indices of the splits of multi-level-tiled spatial axes: every split with the most
+    levels of its stage, two or more (a tiling structure has more spatial than reduction
+    levels). `register_level_splits` is the same on a sketch's undecided splits."""
+    deepest: dict[int, int] = {}
+    for s in steps:
+        if isinstance(s, SplitStep):
+            deepest[s.stage_id] = max(deepest.get(s.stage_id, 0), len(s.lengths))
+    return [i for i, s in enumerate(steps)
+            if isinstance(s, SplitStep) and len(s.lengths) >= 2 and len(s.lengths) == deepest[s.stage_id]]
+
+
 REGISTER_ACCUMULATORS = 24  # default register-tile budget in vectors (of AVX-512's 32: the rest
                             # hold the operands of one step of the reduction)
 

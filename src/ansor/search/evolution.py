@@ -16,7 +16,7 @@ import numpy as np
 
 from ansor.schedule.state import ScheduleError, State
 from ansor.schedule.steps import AnnotateStep, ComputeAtStep, FuseStep, PragmaStep, SplitStep, Step
-from ansor.search.annotate import compute_location_candidates, divisors, location_is_free
+from ansor.search.annotate import compute_location_candidates, divisors, location_is_free, multi_level_splits
 
 ScoreFn = Callable[[Sequence[State]], np.ndarray]
 
@@ -42,12 +42,9 @@ def mutate_tile_size(state: State, rng: random.Random, params: dict) -> State | 
     for _ in range(4 * len(candidates)):
         idx = rng.choice(candidates)
         step = state.steps[idx]
-        prod = 1
-        for n in step.lengths:
-            prod *= n
-        if step.extent % prod:
+        values = _levels(step)
+        if values is None:
             continue  # only perfect tilings are mutated
-        values = [step.extent // prod, *step.lengths]
         order = list(range(len(values)))
         rng.shuffle(order)
         for k, src in enumerate(order):
@@ -66,18 +63,6 @@ def mutate_tile_size(state: State, rng: random.Random, params: dict) -> State | 
             steps[idx] = replace(step, lengths=tuple(values[1:]))
             return _replay(state.dag, steps)
     return None
-
-
-def multi_level_splits(steps: Sequence[Step]) -> list[int]:
-    """Indices of the splits of multi-level-tiled spatial axes: every split with the most
-    levels of its stage, two or more (a tiling structure has more spatial than reduction
-    levels)."""
-    deepest: dict[int, int] = {}
-    for s in steps:
-        if isinstance(s, SplitStep):
-            deepest[s.stage_id] = max(deepest.get(s.stage_id, 0), len(s.lengths))
-    return [i for i, s in enumerate(steps)
-            if isinstance(s, SplitStep) and len(s.lengths) >= 2 and len(s.lengths) == deepest[s.stage_id]]
 
 
 def _levels(step: SplitStep) -> list[int] | None:

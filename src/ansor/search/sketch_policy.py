@@ -13,8 +13,7 @@ from typing import Sequence
 
 from ansor.schedule.state import ScheduleError, State
 from ansor.schedule.steps import steps_from_json
-from ansor.search.annotate import annotate
-from ansor.search.evolution import multi_level_splits
+from ansor.search.annotate import annotate, multi_level_splits
 from ansor.search.params import search_params
 from ansor.search.policy import SearchPolicy
 from ansor.search.sketch import Sketch, SketchContext, SketchRule, generate_sketches
