@@ -22,12 +22,13 @@ INF = math.inf
 
 def const_bounds(expr: E.Expr, ranges: Ranges) -> tuple[float, float]:
     """Inclusive numeric bounds of an integer expression; (-inf, inf) where unknown."""
-    if isinstance(expr, E.Const):
+    t = type(expr)
+    if t is E.Var or t is E.IterVar:
+        return ranges.get(id(expr), _UNBOUNDED)
+    if t is E.Const:
         v = expr.value
         return (v, v) if not isinstance(v, bool) else (int(v), int(v))
-    if isinstance(expr, E.Var):
-        return ranges.get(id(expr), (-INF, INF))
-    if isinstance(expr, E.BinOp) and E.is_int(expr.dtype):
+    if t is E.BinOp and expr.dtype in _INT:
         alo, ahi = const_bounds(expr.a, ranges)
         blo, bhi = const_bounds(expr.b, ranges)
         op = expr.op
@@ -49,13 +50,17 @@ def const_bounds(expr: E.Expr, ranges: Ranges) -> tuple[float, float]:
             return min(alo, blo), min(ahi, bhi)
         if op == "max":
             return max(alo, blo), max(ahi, bhi)
-    if isinstance(expr, E.Cast) and E.is_int(expr.dtype) and E.is_int(expr.value.dtype):
+    if t is E.Cast and expr.dtype in _INT and expr.value.dtype in _INT:
         return const_bounds(expr.value, ranges)
-    if isinstance(expr, E.Select) and E.is_int(expr.dtype):
+    if t is E.Select and expr.dtype in _INT:
         alo, ahi = const_bounds(expr.a, ranges)
         blo, bhi = const_bounds(expr.b, ranges)
         return min(alo, blo), max(ahi, bhi)
     return -INF, INF
+
+
+_UNBOUNDED = (-INF, INF)
+_INT = frozenset(E.INT_DTYPES)
 
 
 def _mul(x: float, y: float) -> float:
@@ -83,9 +88,16 @@ class Linear:
     def add(self, other: "Linear", sign: int = 1) -> "Linear":
         terms = dict(self.terms)
         for key, (atom, coef) in other.terms.items():
-            old = terms.get(key, (atom, 0))[1]
-            terms[key] = (atom, old + sign * coef)
-        return Linear({k: v for k, v in terms.items() if v[1] != 0}, self.const + sign * other.const)
+            old = terms.get(key)
+            if old is None:
+                terms[key] = (atom, sign * coef)
+                continue
+            total = old[1] + sign * coef
+            if total:
+                terms[key] = (atom, total)
+            else:
+                del terms[key]
+        return Linear(terms, self.const + sign * other.const)
 
     def scale(self, c: int) -> "Linear":
         if c == 0:
@@ -93,17 +105,24 @@ class Linear:
         return Linear({k: (a, coef * c) for k, (a, coef) in self.terms.items()}, self.const * c)
 
 
-def atom_key(expr: E.Expr) -> str:
-    """A structural key for an atom: equal keys mean equal expressions."""
-    if isinstance(expr, E.Var):
-        return f"v{id(expr)}"
-    if isinstance(expr, E.Const):
+def atom_key(expr: E.Expr) -> int | str:
+    """A structural key for an atom: equal keys mean equal expressions (a variable's key is
+    its identity)."""
+    t = type(expr)
+    if t is E.Var or t is E.IterVar:
+        return id(expr)
+    if t is E.Const:
         return f"c{expr.value}"
-    if isinstance(expr, E.TensorRead):
-        return f"T{id(expr.tensor)}[" + ",".join(atom_key(i) for i in expr.indices) + "]"
-    inner = ",".join(atom_key(c) for c in expr.children())
-    tag = getattr(expr, "op", getattr(expr, "func", type(expr).__name__))
-    return f"{type(expr).__name__}:{tag}({inner})"
+    if t is E.TensorRead:
+        return f"T{id(expr.tensor)}[" + ",".join(_key_text(i) for i in expr.indices) + "]"
+    inner = ",".join(_key_text(c) for c in expr.children())
+    tag = getattr(expr, "op", getattr(expr, "func", t.__name__))
+    return f"{t.__name__}:{tag}({inner})"
+
+
+def _key_text(expr: E.Expr) -> str:
+    key = atom_key(expr)
+    return f"v{key}" if type(key) is int else key
 
 
 def to_linear(expr: E.Expr) -> Linear:
@@ -202,11 +221,12 @@ class Simplifier:
         known = self._linear.get(id(node))
         if known is not None:
             return known[1]
-        if isinstance(node, E.BinOp) and E.is_int(node.dtype) and node.op in ("+", "-", "*"):
+        if type(node) is E.BinOp and node.op in _LINEAR_OPS and node.dtype in _INT:
             a, b = self._linear_of(node.a), self._linear_of(node.b)
-            if node.op == "+":
+            op = node.op
+            if op == "+":
                 return a.add(b)
-            if node.op == "-":
+            if op == "-":
                 return a.add(b, -1)
             if not a.terms:
                 return b.scale(a.const)
@@ -218,9 +238,10 @@ class Simplifier:
         known = self._linear.get(id(atom))
         if known is not None:
             return known[1]
-        if isinstance(atom, E.Const) and E.is_int(atom.dtype):
+        t = type(atom)
+        if t is E.Const and atom.dtype in _INT:
             return Linear({}, atom.value)
-        if isinstance(atom, E.BinOp) and E.is_int(atom.dtype) and atom.op in ("+", "-", "*"):
+        if t is E.BinOp and atom.op in _LINEAR_OPS and atom.dtype in _INT:
             return to_linear(atom)
         return Linear({atom_key(atom): (atom, 1)}, 0)
 
@@ -229,19 +250,24 @@ class Simplifier:
         hit = self._memo.get(key)
         if hit is not None:
             return hit[1]
-        if isinstance(node, E.BinOp) and E.is_int(node.dtype) and node.op in ("+", "-", "*"):
+        if type(node) is E.BinOp and node.op in _LINEAR_OPS and node.dtype in _INT:
             result = self._rebuilt(self._linear_of(node), node.dtype)
         else:
             kids = node.children()
             rebuilt = node
             if kids:
                 new_kids = [self._go(c) for c in kids]
-                if any(n is not o for n, o in zip(new_kids, kids)):
-                    rebuilt = E.rebuild(node, new_kids)
+                for n, o in zip(new_kids, kids):
+                    if n is not o:
+                        rebuilt = E.rebuild(node, new_kids)
+                        break
             out = _simplify_node(rebuilt, self.ranges, self._go)
             result = rebuilt if out is None else out
         self._memo[key] = (node, result)  # the node is kept so that its id stays unique
         return result
+
+
+_LINEAR_OPS = frozenset(("+", "-", "*"))
 
 
 def _simplify_node(node: E.Expr, ranges: Ranges, simp) -> E.Expr | None:
