@@ -72,6 +72,10 @@ class _Lowerer:
         self.info: dict[int, _StageLowering] = {}
         self.ranges: dict[int, tuple[int, int]] = {}  # id(loop var) -> (0, extent - 1)
         self.simplifier = Simplifier(self.ranges)
+        self.attached: dict[tuple[str, str], list[int]] = {}  # (stage, loop) -> stages computed there
+        for sid, s in enumerate(state.stages):
+            if isinstance(s.attach, tuple):
+                self.attached.setdefault(s.attach, []).append(sid)
 
     # --- entry ------------------------------------------------------------------------------
     def run(self) -> ir.PrimFunc:
@@ -291,7 +295,7 @@ class _Lowerer:
         def build(p: int) -> ir.Stmt:
             if p == len(iters):
                 return update
-            children = st.attached_to(s.name, iters[p].name)
+            children = self.attached.get((s.name, iters[p].name), ())
             block = ir.seq([self._emit_stage(c) for c in children] + [guarded(p, build(p + 1))])
             for c in reversed(children):  # attached buffers live for the whole loop body
                 if self.info[c].buffer.role == "temp":

@@ -152,6 +152,7 @@ class State:
         self._infos: list[StageInfo] | None = None
         self._rewrite_end = 0  # steps[:_rewrite_end] made the current stage list (cache stages, rfactor)
         self._key: str | None = None
+        self._bodies: dict[int, E.Expr] = {}  # stage id -> effective body, until the next step
 
     def copy(self) -> "State":
         new = State.__new__(State)
@@ -161,6 +162,7 @@ class State:
         new._infos = self._infos
         new._rewrite_end = self._rewrite_end
         new._key = self._key
+        new._bodies = self._bodies
         return new
 
     # lookup --------------------------------------------------------------------------------
@@ -220,7 +222,14 @@ class State:
         return out
 
     def effective_body(self, stage_id: int) -> E.Expr:
-        """The stage's body with inlined producers substituted in (what it really computes)."""
+        """The stage's body with inlined producers substituted in (what it really computes;
+        kept until the next step, since lowering asks for it several times)."""
+        body = self._bodies.get(stage_id)
+        if body is None:
+            body = self._bodies[stage_id] = self._expanded_body(stage_id)
+        return body
+
+    def _expanded_body(self, stage_id: int) -> E.Expr:
         by_tensor = {id(s.tensor): s for s in self.stages}
 
         def expand(node: E.Expr):
@@ -241,6 +250,7 @@ class State:
     def _record(self, step) -> None:
         self.steps.append(step)
         self._key = None
+        self._bodies = {}
 
     def _compute_stage(self, ref: StageRef, action: str) -> tuple[int, Stage]:
         sid = self.stage_id(ref)

@@ -245,13 +245,66 @@ class Simplifier:
             return to_linear(atom)
         return Linear({atom_key(atom): (atom, 1)}, 0)
 
+    def _flat_linear(self, node: E.Expr) -> Linear:
+        """`_linear_of` of a sum-of-products tree in one left-to-right pass, with no
+        intermediate forms: scales are pushed down to the leaves, and only leaves that are
+        neither variables, constants nor known forms go through `_linear_of`. The terms come
+        out in the same order as `_linear_of`'s (first appearance, a cancelled term forgotten)."""
+        terms: dict = {}
+        const = 0
+        linear, ranges = self._linear, self.ranges
+        stack = [(node, 1)]
+        pop, push = stack.pop, stack.append
+        while stack:
+            n, scale = pop()
+            known = linear.get(id(n))
+            if known is not None:
+                lin = known[1]
+                const += scale * lin.const
+                items = lin.terms.items()
+            else:
+                t = type(n)
+                if t is E.BinOp and n.op in _LINEAR_OPS and n.dtype in _INT:
+                    op = n.op
+                    if op == "+":
+                        push((n.b, scale))
+                        push((n.a, scale))
+                        continue
+                    if op == "-":
+                        push((n.b, -scale))
+                        push((n.a, scale))
+                        continue
+                    if type(n.b) is E.Const:
+                        push((n.a, scale * n.b.value))
+                        continue
+                    if type(n.a) is E.Const:
+                        push((n.b, scale * n.a.value))
+                        continue
+                elif t is E.Var or t is E.IterVar:
+                    r = ranges.get(id(n))
+                    if r is not None and r[0] == r[1]:
+                        const += scale * r[0]
+                    elif scale:
+                        _accumulate(terms, id(n), n, scale)
+                    continue
+                elif t is E.Const and n.dtype in _INT:
+                    const += scale * n.value
+                    continue
+                lin = self._linear_of(n)
+                const += scale * lin.const
+                items = lin.terms.items()
+            if scale:
+                for key, (atom, coef) in items:
+                    _accumulate(terms, key, atom, scale * coef)
+        return Linear(terms, const)
+
     def _go(self, node: E.Expr) -> E.Expr:
         key = id(node)
         hit = self._memo.get(key)
         if hit is not None:
             return hit[1]
         if type(node) is E.BinOp and node.op in _LINEAR_OPS and node.dtype in _INT:
-            result = self._rebuilt(self._linear_of(node), node.dtype)
+            result = self._rebuilt(self._flat_linear(node), node.dtype)
         else:
             kids = node.children()
             rebuilt = node
@@ -265,6 +318,18 @@ class Simplifier:
             result = rebuilt if out is None else out
         self._memo[key] = (node, result)  # the node is kept so that its id stays unique
         return result
+
+
+def _accumulate(terms: dict, key, atom: E.Expr, coef: int) -> None:
+    old = terms.get(key)
+    if old is None:
+        terms[key] = (atom, coef)
+        return
+    total = old[1] + coef
+    if total:
+        terms[key] = (atom, total)
+    else:
+        del terms[key]
 
 
 _LINEAR_OPS = frozenset(("+", "-", "*"))
