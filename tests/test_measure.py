@@ -308,6 +308,48 @@ def test_time_function_in_process(float_task, libs) -> None:
     np.testing.assert_allclose(out, expected[0])
 
 
+class _ClockedKernel:
+    """A stand-in kernel whose calls take a fixed simulated time; records each probe's count."""
+
+    def __init__(self, seconds_per_call: float):
+        self.seconds_per_call = seconds_per_call
+        self.probes: list[int] = []
+
+    def timed(self, buffers, number: int) -> float:
+        self.probes.append(number)
+        return number * self.seconds_per_call
+
+
+@pytest.mark.parametrize("per_call", [2e-7, 1e-4, 0.01, 0.03, 0.2])
+def test_repeat_count_is_sized_from_the_probe(per_call) -> None:
+    """Probes stop at the first count whose repeat reaches min_repeat_ms, and reach it in a
+    few probes (not one doubling at a time), without overshooting it far."""
+    from ansor.measure.timing import choose_number
+
+    policy = TimingPolicy(min_repeat_ms=50.0)
+    kernel = _ClockedKernel(per_call)
+    number, first = choose_number(kernel, [], policy)
+    assert number == kernel.probes[-1]
+    assert number * per_call >= 0.05 and first == pytest.approx(per_call)
+    assert len(kernel.probes) <= 2 if per_call >= 1e-4 else len(kernel.probes) <= 3
+    assert number == 1 or number * per_call <= 0.05 * 2.5
+    assert all(b > a for a, b in zip(kernel.probes, kernel.probes[1:]))
+
+
+def test_a_program_far_slower_than_the_cutoff_is_timed_once() -> None:
+    from ansor.measure.timing import measure_costs
+
+    class Kernel(_ClockedKernel):
+        def __call__(self, buffers) -> None:
+            pass
+
+    policy = TimingPolicy(min_repeat_ms=50.0, repeat=3, one_repeat_above=0.005)
+    assert len(measure_costs(Kernel(0.01), [], policy, warmed_up=True)) == 1
+    assert len(measure_costs(Kernel(0.001), [], policy, warmed_up=True)) == 3
+    off = TimingPolicy(min_repeat_ms=50.0, repeat=3)
+    assert len(measure_costs(Kernel(0.01), [], off, warmed_up=True)) == 3
+
+
 def test_run_result_properties() -> None:
     result = RunResult((1.0, 3.0, 2.0), 0, "", 0.1)
     assert result.median == 2.0 and result.spread == 1.0

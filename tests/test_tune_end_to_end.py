@@ -205,3 +205,29 @@ def test_misdeclared_compute_is_rejected_at_declaration():
         te.placeholder((3,), "complex64")
     with pytest.raises(ValueError, match="dimension 0"):
         te.placeholder((0, 3))
+
+
+def test_programs_far_slower_than_the_best_get_one_repeat(tmp_path):
+    from ansor.measurer import ProgramMeasurer
+    from ansor.schedule.state import State
+    from ansor.workloads import make_task
+
+    task = make_task("matmul", (16, 16, 16))
+    db = Database(str(tmp_path / "t.db"))
+    m = ProgramMeasurer(task, db, timing=TimingPolicy(min_repeat_ms=1.0, repeat=3))
+    try:
+        assert m._timing() is None  # no best yet: every program gets all its repeats
+        (result,) = m.measure([State(task.dag)])
+        assert result.ok and len(result.record.costs) == 3
+        assert m.best_cost == pytest.approx(result.cost)
+        assert m._timing().one_repeat_above == pytest.approx(3.0 * result.cost)
+    finally:
+        m.close()
+    again = ProgramMeasurer(task, db)  # a resumed run starts from the database's best
+    off = ProgramMeasurer(task, db, one_repeat_factor=0)
+    try:
+        assert again.best_cost == pytest.approx(result.cost)
+        assert off._timing() is None
+    finally:
+        again.close()
+        off.close()

@@ -7,8 +7,9 @@ worker, is checked against the task's reference outputs, and only then timed.
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from ansor.codegen import generate_source
@@ -32,13 +33,21 @@ class MeasureResult:
         return self.record.median_cost
 
 
+ONE_REPEAT_FACTOR = 3.0  # a program this many times slower than the task's best is timed once
+
+
 class ProgramMeasurer:
-    """Measures batches of programs of one task; records go to the database per batch."""
+    """Measures batches of programs of one task; records go to the database per batch.
+
+    Repeats go where they decide something: a program `one_repeat_factor` times slower than
+    the best checked so far gets one timed repeat instead of the policy's (0: always all)."""
 
     def __init__(self, task: Task, database: Database | None = None, builder: Builder | None = None,
                  runner: Runner | None = None, timeout: float = 10.0, timing: TimingPolicy | None = None,
-                 seed: int = 0):
+                 seed: int = 0, one_repeat_factor: float = ONE_REPEAT_FACTOR):
         self.task = task
+        self.one_repeat_factor = one_repeat_factor
+        self.best_cost = math.inf  # seconds; the fastest checked program of this task so far
         self.database = database
         self.builder = builder or Builder()
         self.runner = runner or Runner(timeout=timeout, timing=timing or TimingPolicy())
@@ -48,6 +57,16 @@ class ProgramMeasurer:
         if database is not None:
             database.add_workload(task.workload_key, task.describe(), task.flop)
             database.add_target(task.target.key, task.target.describe())
+            best = database.best(task.workload_key, task.target.key)
+            if best:
+                self.best_cost = best[0].median_cost
+
+    def _timing(self) -> TimingPolicy | None:
+        """The runner's policy, told to time programs far slower than the best only once."""
+        policy = self.runner.timing
+        if self.one_repeat_factor <= 0 or self.best_cost == math.inf or policy.one_repeat_above:
+            return None
+        return replace(policy, one_repeat_above=self.one_repeat_factor * self.best_cost)
 
     def _ensure_task(self) -> None:
         if not self._task_set:
@@ -85,8 +104,10 @@ class ProgramMeasurer:
                 if b.error_no != MeasureErrorNo.NO_ERROR or b.lib_path is None:
                     rec = self._record(st, (), b.error_no, b.error_msg, b.compile_seconds)
                 else:
-                    r = self.runner.run(b.lib_path, fname)
+                    r = self.runner.run(b.lib_path, fname, self._timing())
                     costs = r.costs if r.error_no == MeasureErrorNo.NO_ERROR else ()
+                    if costs:
+                        self.best_cost = min(self.best_cost, r.median)
                     rec = self._record(st, costs, r.error_no, r.error_msg,
                                        b.compile_seconds + (time.time() - t0))
             results.append(MeasureResult(st, rec))

@@ -208,14 +208,15 @@ class Runner:
             paths.append(path)
         return tuple(paths)
 
-    def run(self, lib_path: str, func_name: str) -> RunResult:
-        """Check and time one kernel on the current task's arrays."""
+    def run(self, lib_path: str, func_name: str, timing: TimingPolicy | None = None) -> RunResult:
+        """Check and time one kernel on the current task's arrays (with `timing` instead of
+        the runner's policy when given)."""
         if self._task is None:
             raise RuntimeError("Runner.set_task() must be called before run()")
         task_key, input_paths, expected_paths = self._task
         request = RunRequest(
             task_key, input_paths, expected_paths, os.path.abspath(lib_path), func_name,
-            self.timing, self.rtol, self.atol,
+            timing or self.timing, self.rtol, self.atol,
         )
         conn = self._ensure_worker()
         start = time.perf_counter()
