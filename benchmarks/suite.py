@@ -160,7 +160,8 @@ def main() -> None:
         task, inputs, kernel, res, wall = tune_and_build(name, shape, opts, trials, args.policy, args.seed,
                                                            args.databases, args.transfer_from)
         row = {"label": label, "workload": name, "shape": list(shape), "trials": trials, "flop": task.flop,
-               "tune_wall_s": wall, "curve": res.curve}
+               "tune_wall_s": wall, "search_s": res.search_seconds, "measure_s": res.measure_seconds,
+               "model_s": res.model_seconds, "curve": res.curve}
         timers = {"ansor_s": lambda k=kernel: k.time(*inputs)}
         if kernel.packs_ahead:  # constant weights packed once; also time packing them in every call
             timers["ansor_pack_each_call_s"] = lambda k=kernel: k.time(*inputs, include_prepack=True)

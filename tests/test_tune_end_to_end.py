@@ -34,6 +34,9 @@ def test_design_example_runs_as_written(tmp_path):
     assert result.trials == 8
     assert result.best_cost < float("inf") and result.best_gflops > 0
     assert [t for t, _ in result.curve] == list(range(1, 9))
+    phases = (result.search_seconds, result.measure_seconds, result.model_seconds)
+    assert result.search_seconds > 0 and result.measure_seconds > 0 and result.model_seconds >= 0
+    assert sum(phases) <= result.seconds
     kernel = ansor.build(task, database=db)
     a = np.random.rand(64, 32).astype("float32")
     b = np.random.rand(32, 48).astype("float32")

@@ -214,7 +214,8 @@ def cmd_tune(args) -> int:
                         timeout=args.timeout, measures_per_round=args.per_round, progress=not args.quiet,
                         transfer_programs=args.transfer_programs)
     console.print(f"measured {result.trials} programs in {result.seconds:.1f} s "
-                  f"({result.errors} errors)")
+                  f"({result.errors} errors): search {result.search_seconds:.1f} s, measurement "
+                  f"{result.measure_seconds:.1f} s, cost model {result.model_seconds:.1f} s")
     if args.plot and result.curve:
         from ansor.report import plot_curves
 

@@ -37,6 +37,9 @@ class TuneResult:
     curve: list[tuple[int, float]] = field(default_factory=list)  # (trial, best GFLOP/s so far)
     best_steps: list | None = None
     seconds: float = 0.0
+    search_seconds: float = 0.0    # choosing programs (sampling, evolution, features, prediction)
+    measure_seconds: float = 0.0   # code generation, compilation, checking and timing
+    model_seconds: float = 0.0     # retraining the cost model on each measured batch
 
     @property
     def best_gflops(self) -> float:
@@ -203,11 +206,16 @@ def _tune_one(task: Task, res: TuneResult, budget: int, db: Database, timeout: f
                 bar.note(f"cost model starts from {cost_model.num_prior} measured programs of other "
                          f"workloads in the database")
             while res.trials < budget:
+                t0 = time.perf_counter()
                 states = pol.next_batch(min(per_round, budget - res.trials), measured)
+                t1 = time.perf_counter()
+                res.search_seconds += t1 - t0
                 if not states:
                     bar.note("search space exhausted")
                     break
                 batch = measurer.measure(states)
+                t2 = time.perf_counter()
+                res.measure_seconds += t2 - t1
                 for r in batch:
                     res.trials += 1
                     measured.add(r.record.state_key)
@@ -218,6 +226,7 @@ def _tune_one(task: Task, res: TuneResult, budget: int, db: Database, timeout: f
                         res.best_steps = r.record.steps
                     res.curve.append((res.trials, res.best_gflops))
                 pol.update(batch)
+                res.model_seconds += time.perf_counter() - t2
                 bar.update(res)
                 if callback is not None:
                     callback(res)
