@@ -26,6 +26,8 @@ DEFAULT_CFLAGS: tuple[str, ...] = (
     "-fno-math-errno",  # sqrtf may then be one instruction: a loop calling it can vectorize (LayerNorm 13 -> 2.5 ms)
     "-fno-trapping-math",  # lets gcc turn branches into selects without AVX-512 masks (AVX2 machines):
                            # otherwise a clamp in ansor_expf & co. stops the loop from vectorizing
+    "-freciprocal-math",  # x / s with s fixed in the loop becomes x * (1/s): softmax's normalization
+                          # (0.272 -> 0.246 ms); at most an ulp more error, inside the output check
     "-fopenmp",
     "-fPIC",
     "-shared",
