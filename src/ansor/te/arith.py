@@ -88,15 +88,7 @@ class Linear:
     def add(self, other: "Linear", sign: int = 1) -> "Linear":
         terms = dict(self.terms)
         for key, (atom, coef) in other.terms.items():
-            old = terms.get(key)
-            if old is None:
-                terms[key] = (atom, sign * coef)
-                continue
-            total = old[1] + sign * coef
-            if total:
-                terms[key] = (atom, total)
-            else:
-                del terms[key]
+            _accumulate(terms, key, atom, sign * coef)
         return Linear(terms, self.const + sign * other.const)
 
     def scale(self, c: int) -> "Linear":
@@ -321,6 +313,8 @@ class Simplifier:
 
 
 def _accumulate(terms: dict, key, atom: E.Expr, coef: int) -> None:
+    """Add coef * atom to a linear form's terms; a term that cancels is removed (so it
+    comes back last if it appears again)."""
     old = terms.get(key)
     if old is None:
         terms[key] = (atom, coef)
