@@ -304,3 +304,34 @@ def test_cost_model_starts_from_other_workloads_of_the_database(tmp_path):
     np.testing.assert_array_equal(first, again)  # a trained model, not random warm-up scores
     assert len(set(np.round(first, 6))) > 1
     db.close()
+
+
+def test_compute_location_mutation_moves_root_row_statistics_into_the_row_loop(tmp_path):
+    """Softmax's max and sum partial sums (rfactor stages, split and reordered so their lanes
+    vectorize) start at the root in most samples. The mutation moves such a stage into a loop
+    of its consumers, giving up its own parallel loop; the children are correct."""
+    task = make_task("softmax", (24, 32))
+    policy = SketchPolicy(task, seed=0)
+    rng = random.Random(3)
+    inputs = task.random_inputs(0)
+    expected = task.reference_outputs(inputs)[0]
+    builder = Builder(cache_dir=tmp_path)
+    moved = 0
+    for st in policy.sample(60):
+        roots = {s.name for s in st.stages if s.origin == "rfactor" and s.attach == "root"}
+        if not roots:
+            continue
+        child = MUTATIONS["compute_location"](st, rng, policy.params)
+        if child is None:
+            continue
+        now_inside = {s.name for s in child.stages if s.name in roots and isinstance(s.attach, tuple)}
+        if not now_inside:
+            continue
+        for name in now_inside:
+            assert all(it.annotation != "parallel" for it in child.stage(name).iters)
+        out = compile_state(task, child, builder=builder)(*inputs)
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+        moved += 1
+        if moved == 3:
+            break
+    assert moved == 3, f"only {moved} root rfactor stages moved into a loop"

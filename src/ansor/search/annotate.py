@@ -247,11 +247,12 @@ def compute_location_candidates(state: State, sid: int) -> list[tuple[int, int]]
 def location_is_free(state: State, sid: int) -> bool:
     """Whether random annotation and mutation choose where this stage is computed. Tiled
     stages and cache stages stay where their sketch rule put them; a reduction's rfactor
-    partial sums may move into its consumer's loops (one row's partial sums in registers)."""
+    partial sums may move into its consumer's loops (one row's partial sums in registers),
+    whether or not the sketch split or reordered them."""
     st = state.stages[sid]
-    if not st.is_fresh or st.origin not in ("", "rfactor"):
-        return False
-    return st.origin == "rfactor" or not state.infos[sid].needs_multi_level_tiling
+    if st.origin == "rfactor":
+        return True
+    return st.is_fresh and st.origin == "" and not state.infos[sid].needs_multi_level_tiling
 
 
 def change_compute_locations(state: State, rng: random.Random) -> None:

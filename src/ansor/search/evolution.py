@@ -15,7 +15,8 @@ from typing import Callable, Sequence, Union
 import numpy as np
 
 from ansor.schedule.state import ScheduleError, State
-from ansor.schedule.steps import AnnotateStep, ComputeAtStep, FuseStep, PragmaStep, SplitStep, Step
+from ansor.schedule.steps import (AnnotateStep, ComputeAtStep, ComputeInlineStep, ComputeRootStep, FuseStep,
+                                  PragmaStep, SplitStep, Step)
 from ansor.search.annotate import compute_location_candidates, divisors, location_is_free, multi_level_splits
 
 ScoreFn = Callable[[Sequence[State]], np.ndarray]
@@ -134,33 +135,103 @@ def mutate_auto_unroll(state: State, rng: random.Random, params: dict) -> State 
 
 
 def mutate_compute_location(state: State, rng: random.Random, params: dict) -> State | None:
-    """Move a computed-at stage to another loop of its consumer."""
-    cas = [i for i, s in enumerate(state.steps) if isinstance(s, ComputeAtStep)]
-    rng.shuffle(cas)
-    for idx in cas:
-        before = _replay(state.dag, state.steps[:idx])
-        if before is None:
-            return None
-        sid = state.steps[idx].stage_id
-        if not location_is_free(before, sid):
-            continue
-        cands = [c for c in compute_location_candidates(before, sid)
-                 if c != (state.steps[idx].target_stage_id, state.steps[idx].target_iter_id)]
-        if not cands:
-            continue
-        target, it = rng.choice(cands)
-        steps = list(state.steps)
-        steps[idx] = ComputeAtStep(sid, target, it)
-        return _replay(state.dag, steps)
+    """Move a stage whose location is free: a computed-at stage to another loop of its
+    consumers, or a root stage into one of them (its parallel loop, which only a root stage
+    has, given up). Why the second: random annotation leaves LayerNorm's and softmax's row
+    statistics at the root in most samples (each stage's placement is drawn alone, and the
+    fused placement needs all of them inside the output's row loop), and a program where one
+    of them moves in is one mutation away instead of a fresh draw."""
+    moves: list[tuple[str, int]] = [("at", i) for i, s in enumerate(state.steps) if isinstance(s, ComputeAtStep)]
+    located = [i for i, s in enumerate(state.steps) if isinstance(s, _LOCATION_STEPS)]
+    before = _replay(state.dag, state.steps[:located[-1] + 1]) if located else None
+    if before is not None:
+        moves += [("root", sid) for sid, st in enumerate(before.stages)
+                  if st.attach == "root" and not st.is_placeholder and not before.is_output(sid)]
+    rng.shuffle(moves)
+    for kind, x in moves:
+        child = _move_computed_at(state, rng, x) if kind == "at" else _move_root_stage_in(state, rng, before, x)
+        if child is not None:
+            return child
     return None
+
+
+_LOCATION_STEPS = (ComputeAtStep, ComputeRootStep, ComputeInlineStep)
+
+
+def _move_computed_at(state: State, rng: random.Random, idx: int) -> State | None:
+    before = _replay(state.dag, state.steps[:idx])
+    if before is None:
+        return None
+    sid = state.steps[idx].stage_id
+    if not location_is_free(before, sid):
+        return None
+    cands = [c for c in compute_location_candidates(before, sid)
+             if c != (state.steps[idx].target_stage_id, state.steps[idx].target_iter_id)]
+    if not cands:
+        return None
+    target, it = rng.choice(cands)
+    steps = list(state.steps)
+    steps[idx] = ComputeAtStep(sid, target, it)
+    return _replay(state.dag, steps)
+
+
+def _move_root_stage_in(state: State, rng: random.Random, before: State, sid: int) -> State | None:
+    """Root stage `sid` computed inside a consumer loop instead: the ComputeAt goes right after
+    the last location step (`before` is the state there), its parallel fuse is dropped."""
+    if before.attached_to(before.stages[sid].name) or not location_is_free(before, sid):
+        return None
+    cands = compute_location_candidates(before, sid)
+    if not cands:
+        return None
+    insert_at = len(before.steps)
+    rest = _without_parallel_loop(state.steps[insert_at:], sid)
+    if rest is None:
+        return None
+    target, it = rng.choice(cands)
+    return _replay(state.dag, [*state.steps[:insert_at], ComputeAtStep(sid, target, it), *rest])
+
+
+def _parallel_fuse_at(steps: Sequence[Step], i: int) -> bool:
+    """Whether steps[i] fuses a stage's outer loops into the loop the next step parallelizes."""
+    s = steps[i]
+    if not (isinstance(s, FuseStep) and s.iter_ids and s.iter_ids[0] == 0 and i + 1 < len(steps)):
+        return False
+    nxt = steps[i + 1]
+    return (isinstance(nxt, AnnotateStep) and nxt.annotation == "parallel" and nxt.stage_id == s.stage_id
+            and nxt.iter_id == 0)
+
+
+def _without_parallel_loop(steps: Sequence[Step], sid: int) -> list[Step] | None:
+    """`steps` without stage `sid`'s parallel loop (the fuse of its outer loops and the
+    annotation); its later iterator ids shifted back. None when another kind of step of the
+    stage would need rewriting."""
+    for i in range(len(steps)):
+        if steps[i].stage_id == sid and _parallel_fuse_at(steps, i):
+            fused = len(steps[i].iter_ids)
+            rest = _shift_iters(steps[i + 2:], sid, fused - 1)
+            return None if rest is None else [*steps[:i], *rest]
+    return list(steps)
+
+
+def _shift_iters(steps: Sequence[Step], sid: int, shift: int) -> list[Step] | None:
+    """Steps after a fuse of stage `sid`'s outer loops changed length by -`shift`: the stage's
+    iterator ids past the fused loop move by `shift`. None for a step kind this cannot move."""
+    out = []
+    for s in steps:
+        if s.stage_id == sid:
+            if isinstance(s, (AnnotateStep, PragmaStep, SplitStep)) and s.iter_id > 0:
+                s = replace(s, iter_id=s.iter_id + shift)
+            elif isinstance(s, FuseStep):
+                s = replace(s, iter_ids=tuple(i + shift if i > 0 else i for i in s.iter_ids))
+            elif not isinstance(s, (AnnotateStep, PragmaStep, SplitStep)):
+                return None
+        out.append(s)
+    return out
 
 
 def mutate_parallel(state: State, rng: random.Random, params: dict) -> State | None:
     """Change how many outer loops are fused into the parallel loop."""
-    spots = [i for i, s in enumerate(state.steps[:-1])
-             if isinstance(s, FuseStep) and s.iter_ids and s.iter_ids[0] == 0
-             and isinstance(state.steps[i + 1], AnnotateStep) and state.steps[i + 1].annotation == "parallel"
-             and state.steps[i + 1].stage_id == s.stage_id and state.steps[i + 1].iter_id == 0]
+    spots = [i for i in range(len(state.steps)) if _parallel_fuse_at(state.steps, i)]
     if not spots:
         return None
     idx = rng.choice(spots)
@@ -182,18 +253,10 @@ def mutate_parallel(state: State, rng: random.Random, params: dict) -> State | N
     if not choices:
         return None
     new_n = rng.choice(choices)
-    shift = old_n - new_n  # later iterator ids of this stage move by this much
-    steps = list(state.steps[:idx]) + [FuseStep(sid, tuple(range(new_n)))]
-    for s in state.steps[idx + 1:]:
-        if s.stage_id == sid:
-            if isinstance(s, AnnotateStep) and s.iter_id > 0:
-                s = replace(s, iter_id=s.iter_id + shift)
-            elif isinstance(s, FuseStep):
-                s = replace(s, iter_ids=tuple(i + shift for i in s.iter_ids))
-            elif not isinstance(s, (AnnotateStep, PragmaStep)):
-                return None
-        steps.append(s)
-    return _replay(state.dag, steps)
+    rest = _shift_iters(state.steps[idx + 1:], sid, old_n - new_n)
+    if rest is None:
+        return None
+    return _replay(state.dag, [*state.steps[:idx], FuseStep(sid, tuple(range(new_n))), *rest])
 
 
 MUTATIONS: dict[str, Callable[[State, random.Random, dict], State | None]] = {
