@@ -214,8 +214,9 @@ def _without_parallel_loop(steps: Sequence[Step], sid: int) -> list[Step] | None
 
 
 def _shift_iters(steps: Sequence[Step], sid: int, shift: int) -> list[Step] | None:
-    """Steps after a fuse of stage `sid`'s outer loops changed length by -`shift`: the stage's
-    iterator ids past the fused loop move by `shift`. None for a step kind this cannot move."""
+    """`steps` (those after stage `sid`'s parallel fuse) for a fuse of `shift` fewer loops
+    (negative: more): the stage's iterator ids past the fused loop move by `shift`. None when
+    a step of the stage is of a kind this does not renumber."""
     out = []
     for s in steps:
         if s.stage_id == sid:
