@@ -335,3 +335,19 @@ def test_compute_location_mutation_moves_root_row_statistics_into_the_row_loop(t
         if moved == 3:
             break
     assert moved == 3, f"only {moved} root rfactor stages moved into a loop"
+
+
+def test_dropping_a_parallel_fuse_renumbers_the_stage_iterators():
+    """A root stage whose two outer loops were fused and parallelized, then split and
+    vectorized: without the fuse its later iterator ids move up by one; other stages and the
+    pragma on the outermost loop keep theirs."""
+    from ansor.schedule.steps import AnnotateStep, FuseStep
+    from ansor.search.evolution import _without_parallel_loop
+
+    steps = [FuseStep(1, (0, 1)), AnnotateStep(1, 0, "parallel"), FuseStep(2, (0,)), AnnotateStep(2, 0, "parallel"),
+             PragmaStep(1, 0, "auto_unroll_max_step$16"), SplitStep(1, 1, 64, (8,), True),
+             AnnotateStep(1, 2, "vectorize"), AnnotateStep(2, 1, "vectorize")]
+    assert _without_parallel_loop(steps, 1) == [
+        FuseStep(2, (0,)), AnnotateStep(2, 0, "parallel"), PragmaStep(1, 0, "auto_unroll_max_step$16"),
+        SplitStep(1, 2, 64, (8,), True), AnnotateStep(1, 3, "vectorize"), AnnotateStep(2, 1, "vectorize")]
+    assert _without_parallel_loop(steps, 3) == steps  # a stage without a parallel loop
