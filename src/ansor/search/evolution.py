@@ -220,12 +220,12 @@ def _shift_iters(steps: Sequence[Step], sid: int, shift: int) -> list[Step] | No
     out = []
     for s in steps:
         if s.stage_id == sid:
-            if isinstance(s, (AnnotateStep, PragmaStep, SplitStep)) and s.iter_id > 0:
-                s = replace(s, iter_id=s.iter_id + shift)
-            elif isinstance(s, FuseStep):
+            if isinstance(s, FuseStep):
                 s = replace(s, iter_ids=tuple(i + shift if i > 0 else i for i in s.iter_ids))
             elif not isinstance(s, (AnnotateStep, PragmaStep, SplitStep)):
                 return None
+            elif s.iter_id > 0:
+                s = replace(s, iter_id=s.iter_id + shift)
         out.append(s)
     return out
 
