@@ -246,7 +246,7 @@ class _Form:
                     atoms.append(_atom(node, scale))
             else:
                 atoms.append(_atom(node, scale))
-        self.coefs = {k: c for k, c in coefs.items() if c}
+        self.coefs = {k: c for k, c in coefs.items() if c} if 0 in coefs.values() else coefs
         self.atoms = atoms
         self.const = const
         vids = set(self.coefs)

@@ -15,15 +15,19 @@ def state_to_str(state, canonical: bool = False, extents: dict[str, list[int]] |
     placeholders = [s.name for s in state.stages if s.is_placeholder]
     if placeholders:
         lines.append("placeholder: " + ", ".join(placeholders))
+    attached: dict[tuple[str, str], list[int]] = {}  # (stage, loop) -> stages computed there
+    for sid, st in enumerate(state.stages):
+        if isinstance(st.attach, tuple):
+            attached.setdefault(st.attach, []).append(sid)
     for sid, st in enumerate(state.stages):
         if st.is_placeholder or st.attach != "root":
             continue
-        _print_stage(state, sid, 0, lines, canonical, frozenset(), extents or {})
+        _print_stage(state, sid, 0, lines, canonical, frozenset(), extents or {}, attached)
     return "\n".join(lines)
 
 
 def _print_stage(state, sid: int, indent: int, lines: list[str], canonical: bool, outer: frozenset,
-                 extents: dict) -> None:
+                 extents: dict, attached: dict) -> None:
     """Loops of one stage; a loop whose name an enclosing loop already uses gets the stage name
     as a prefix, so nested stages read unambiguously."""
     st = state.stages[sid]
@@ -43,8 +47,8 @@ def _print_stage(state, sid: int, indent: int, lines: list[str], canonical: bool
             indent += 1
             pad = "  " * indent
         outer = outer | {it.name}
-        for child in state.attached_to(st.name, it.name):
-            _print_stage(state, child, indent, lines, canonical, outer, extents)
+        for child in attached.get((st.name, it.name), ()):
+            _print_stage(state, child, indent, lines, canonical, outer, extents, attached)
     lines.append(pad + _body_str(st))
 
 

@@ -47,7 +47,7 @@ class Split:
         """Loop extents of the pieces. When the parent is smaller than the pieces' span (a stage
         computed inside its consumer covers only a region), inner pieces are clipped so outer
         ones shrink to 1 instead of looping over guarded-out iterations."""
-        if parent_extent is None or any(f is None for f in self.factors):
+        if parent_extent is None or None in self.factors:
             return [None] * (len(self.factors) + 1)
         if not self.inner_to_outer:
             return [*self.factors, -(-parent_extent // math.prod(self.factors))]

@@ -504,8 +504,10 @@ def transform(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
         kids = node.children()
         if kids:
             new_kids = [go(c) for c in kids]
-            if any(n is not o for n, o in zip(new_kids, kids)):
-                node = rebuild(node, new_kids)
+            for n, o in zip(new_kids, kids):
+                if n is not o:
+                    node = rebuild(node, new_kids)
+                    break
         out = fn(node)
         result = node if out is None else out
         memo[key] = result
