@@ -23,11 +23,14 @@ from ansor.search.annotate import annotate
 from ansor.search.evolution import Genome, as_state, breed_locally, breed_one, chunk_orders, chunk_seed
 
 _WORKER_DAG = None
+_WORKER_FEATURES: dict[str, np.ndarray] = {}  # key -> features of the programs this worker made
+_WORKER_FEATURES_LIMIT = 20_000  # about 50 MB of feature rows; the memory is dropped when full
 
 
 def _init_worker(dag) -> None:
     global _WORKER_DAG
     _WORKER_DAG = dag
+    _WORKER_FEATURES.clear()  # a forked worker must not inherit another task's memory
 
 
 def _extract_chunk(step_lists: list[tuple]) -> list[np.ndarray]:
@@ -43,8 +46,19 @@ def _extract_chunk(step_lists: list[tuple]) -> list[np.ndarray]:
 
 
 def _packed(state) -> tuple | None:
-    """What travels back for a new program: (steps, key, features); None for no program."""
-    return None if state is None else (tuple(state.steps), state.key(), program_features(state))
+    """What travels back for a new program: (steps, key, features); None for no program.
+    Evolution breeds the same program again from different parents (a few in a hundred
+    children): its features are remembered by key rather than lowered again."""
+    if state is None:
+        return None
+    key = state.key()
+    feats = _WORKER_FEATURES.get(key)
+    if feats is None:
+        feats = program_features(state)
+        if len(_WORKER_FEATURES) >= _WORKER_FEATURES_LIMIT:
+            _WORKER_FEATURES.clear()
+        _WORKER_FEATURES[key] = feats
+    return tuple(state.steps), key, feats
 
 
 def _breed_chunk(args: tuple) -> list[tuple | None]:

@@ -193,13 +193,22 @@ class Simplifier:
 
     def bounds_over(self, expr: E.Expr, inner: Ranges) -> tuple[E.Expr, E.Expr] | None:
         """`symbolic_bounds` of an expression this simplifier produced; linear ones (every
-        atom a variable) are bounded straight from their form."""
+        atom a variable, or free of the swept variables) are bounded straight from their form."""
         known = self._linear.get(id(expr))
-        if known is None or not all(isinstance(atom, E.Var) for atom, _ in known[1].terms.values()):
+        if known is None:
             return symbolic_bounds(expr, inner)
         lin = known[1]
-        fixed = Linear({k: t for k, t in lin.terms.items() if id(t[0]) not in inner}, lin.const)
-        lo, hi = _linear_bounds(Linear({k: t for k, t in lin.terms.items() if id(t[0]) in inner}), inner)
+        swept, fixed_terms = {}, {}
+        for k, t in lin.terms.items():
+            atom = t[0]
+            if type(atom) is E.Var:
+                (swept if id(atom) in inner else fixed_terms)[k] = t
+            elif _has_inner(atom, inner):  # e.g. (i + k) // 4 with k swept: interval arithmetic
+                return symbolic_bounds(expr, inner)
+            else:  # an atom of outer variables only (a fused loop's // and %) is held fixed
+                fixed_terms[k] = t
+        fixed = Linear(fixed_terms, lin.const)
+        lo, hi = _linear_bounds(Linear(swept), inner)
         dtype = expr.dtype
         return (self._rebuilt(fixed.add(Linear({}, lo)), dtype), self._rebuilt(fixed.add(Linear({}, hi)), dtype))
 
