@@ -139,7 +139,10 @@ def unrolled_vector_loops(loop: ir.For) -> int:
             return inside(stmt.body)
         return 0
 
-    return loop.extent * inside(loop.body)
+    try:
+        return loop.extent * inside(loop.body)
+    finally:
+        inside = None  # noqa: F841 - a recursive closure refers to itself: free it now, not at GC
 
 
 class CNames:

@@ -28,6 +28,7 @@ def factorizations(extent: int, n: int, max_innermost: int) -> tuple[tuple[int, 
             go(remaining // d, prefix + (d,))
 
     go(extent, ())
+    go = None  # noqa: F841 - a recursive closure refers to itself: free it now, not at GC
     return tuple(out)
 
 

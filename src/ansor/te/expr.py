@@ -513,7 +513,10 @@ def transform(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
         memo[key] = result
         return result
 
-    return go(expr)
+    try:
+        return go(expr)
+    finally:
+        go = None  # noqa: F841 - a recursive closure refers to itself: free it now, not at GC
 
 
 def substitute(expr: Expr, mapping: dict[Var, Expr]) -> Expr:

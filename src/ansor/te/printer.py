@@ -63,4 +63,7 @@ def expr_to_str(expr: E.Expr, name_of=None) -> str:
             return e.to_str(lambda x: go(x, 0))  # type: ignore[attr-defined]
         return f"<{type(e).__name__}>"
 
-    return go(expr, 0)
+    try:
+        return go(expr, 0)
+    finally:
+        go = None  # noqa: F841 - a recursive closure refers to itself: free it now, not at GC
