@@ -351,3 +351,32 @@ def test_dropping_a_parallel_fuse_renumbers_the_stage_iterators():
         FuseStep(2, (0,)), AnnotateStep(2, 0, "parallel"), PragmaStep(1, 0, "auto_unroll_max_step$16"),
         SplitStep(1, 2, 64, (8,), True), AnnotateStep(1, 3, "vectorize"), AnnotateStep(2, 1, "vectorize")]
     assert _without_parallel_loop(steps, 3) == steps  # a stage without a parallel loop
+
+
+@pytest.mark.parametrize("name", ["matmul", "conv2d", "layer_norm_gelu"])
+def test_scoring_programs_makes_no_reference_cycles(name):
+    """The search pauses the cyclic collector while it replays, mutates, lowers and featurizes
+    programs (ansor.search.collector): that is only free if none of it leaves cycles behind."""
+    import gc
+
+    from ansor.costmodel.features import program_features
+    from ansor.search.collector import collector_paused
+
+    task = make_task(name, {"matmul": (64, 64, 64), "conv2d": (1, 8, 12, 12, 8, 3, 3),
+                            "layer_norm_gelu": (64, 96)}[name])
+    policy = SketchPolicy(task, seed=3, params={"search_workers": 1})
+    rng = random.Random(0)
+    gc.collect()
+    with collector_paused():
+        assert not gc.isenabled()
+        states = policy.sample(20, set())
+        for st in states:
+            program_features(st)
+            child = mutate_tile_size(st, rng, policy.params)
+            if child is not None:
+                program_features(child)
+                child.key()
+        del states, st, child
+        unreachable = gc.collect()
+    assert gc.isenabled()
+    assert unreachable == 0

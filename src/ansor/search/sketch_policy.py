@@ -14,6 +14,7 @@ from typing import Sequence
 from ansor.schedule.state import ScheduleError, State
 from ansor.schedule.steps import steps_from_json
 from ansor.search.annotate import annotate, multi_level_splits
+from ansor.search.collector import collector_paused
 from ansor.search.params import search_params
 from ansor.search.policy import SearchPolicy
 from ansor.search.sketch import Sketch, SketchContext, SketchRule, generate_sketches
@@ -151,6 +152,10 @@ class SketchPolicy(SearchPolicy):
         """Evolve a fresh population plus the best measured programs; return n unmeasured
         programs: the best predicted and an eps-greedy share of random ones. The population
         holds Genomes (steps and key) where programs came from workers; picks are replayed."""
+        with collector_paused():  # a round makes no reference cycles, only many objects
+            return self._search_round(n, measured_keys)
+
+    def _search_round(self, n: int, measured_keys: set[str]) -> list[State]:
         from ansor.search.evolution import as_state, evolve
 
         p = self.params

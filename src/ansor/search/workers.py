@@ -9,10 +9,8 @@ worker, so it is replayed once; the search process keeps only its steps and key 
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import os
-from contextlib import contextmanager
 import random
 from concurrent.futures import ProcessPoolExecutor
 from typing import Sequence
@@ -22,6 +20,7 @@ import numpy as np
 from ansor.costmodel.features import FEATURE_COUNT, program_features
 from ansor.schedule.state import ScheduleError, State
 from ansor.search.annotate import annotate
+from ansor.search.collector import collector_paused
 from ansor.search.evolution import Genome, as_state, breed_locally, breed_one, chunk_orders, chunk_seed
 
 _WORKER_DAG = None
@@ -35,23 +34,8 @@ def _init_worker(dag) -> None:
     _WORKER_FEATURES.clear()  # a forked worker must not inherit another task's memory
 
 
-@contextmanager
-def _collector_paused():
-    """The cyclic garbage collector off during a chunk of work. Replay, lowering and feature
-    extraction build no reference cycles (their objects are freed by reference counting),
-    but their many short-lived objects set off young-generation collections that cost about
-    a quarter of lowering; the collector runs as usual between chunks."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def _extract_chunk(step_lists: list[tuple]) -> list[np.ndarray]:
-    with _collector_paused():
+    with collector_paused():
         return _extract_all(step_lists)
 
 
@@ -89,7 +73,7 @@ def _breed_chunk(args: tuple) -> list[tuple | None]:
     orders, seed, params = args
     rng = random.Random(seed)
     out: list[tuple | None] = []
-    with _collector_paused():
+    with collector_paused():
         for op, parent_steps, other_steps in orders:
             parent = Genome(_WORKER_DAG, parent_steps, "")
             other = Genome(_WORKER_DAG, other_steps, "") if other_steps is not None else None
@@ -101,7 +85,7 @@ def _sample_chunk(args: tuple) -> list[tuple | None]:
     """Randomly annotated programs of the given sketches: (steps, key, features) or None."""
     sketches, count, seed, params, hardware = args
     rng = random.Random(seed)
-    with _collector_paused():
+    with collector_paused():
         return [_packed(annotate(rng.choice(sketches), _WORKER_DAG, rng, params, *hardware))
                 for _ in range(count)]
 
