@@ -380,3 +380,22 @@ def test_scoring_programs_makes_no_reference_cycles(name):
         unreachable = gc.collect()
     assert gc.isenabled()
     assert unreachable == 0
+
+
+def test_featurizing_a_scalar_stage_makes_no_reference_cycles():
+    """A stage with no loops at all (a zero-dimensional output) takes its own path through
+    lowering; that path must release the recursive loop builder too."""
+    import gc
+
+    import ansor
+    from ansor import te
+    from ansor.costmodel.features import program_features
+    from ansor.search.collector import collector_paused
+
+    X = te.placeholder((8,), "float32", name="X")
+    task = ansor.Task([X, te.compute((), lambda: X[3] * 2.0, name="S")])
+    gc.collect()
+    with collector_paused():
+        assert program_features(State(task.dag)).shape[0] == 1
+        unreachable = gc.collect()
+    assert unreachable == 0

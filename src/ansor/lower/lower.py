@@ -313,9 +313,9 @@ class _Lowerer:
             stmt = update if init is None else ir.seq([init, update])
         else:
             stmt = build(0)
-            build = None  # noqa: F841 - a recursive closure refers to itself: free it now, not at GC
             if first_reduce is None and init is not None:
                 stmt = ir.seq([init, stmt])
+        build = None  # noqa: F841 - a recursive closure refers to itself: free it now, not at GC
         stmt = guarded(-1, stmt)
         if s.auto_unroll_max_step > 0:
             _mark_auto_unroll(stmt, s.auto_unroll_max_step)
