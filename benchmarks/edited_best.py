@@ -1,0 +1,105 @@
+"""Time a database's best program beside copies of it with some split factors changed, and
+beside PyTorch eager, in turns: is the tuned tile the best of its neighbours, or did the search
+miss one?
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/edited_best.py conv2d \
+        --shape 1,3,224,224,64,7,7 --option stride=2 --option padding=3 --database DB \
+        --variant "x8=3:12=14,2,4" --variant "rx_out=3:20=1;3:12=14,2,4"
+
+A variant is NAME=EDIT[;EDIT...], each EDIT `STAGE:ITER=F1,F2,...`: the split step of stage
+STAGE at iterator ITER (the numbers in the record's `SP` steps) gets the factors F1, F2, ...
+Every variant's output is checked against the numpy reference; a wrong one is reported and
+not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ansor.baselines import time_torch, torch_available
+from ansor.kernel import compile_state
+from ansor.measure import check_outputs
+from ansor.schedule.state import ScheduleError, State
+from ansor.schedule.steps import steps_from_json
+from ansor.tuner import open_database
+from ansor.workloads import WORKLOADS, make_task, workload_options
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from suite import time_in_turns  # noqa: E402
+
+
+def edited(steps: list, edits: str) -> list:
+    """The record's steps with the named splits' factors replaced."""
+    out = [list(s) for s in steps]
+    for edit in edits.split(";"):
+        where, factors = edit.split("=")
+        stage, it = (int(x) for x in where.split(":"))
+        hits = [s for s in out if s[0] == "SP" and s[1] == stage and s[2] == it]
+        if not hits:
+            raise SystemExit(f"no split of stage {stage} at iterator {it} in the best program")
+        hits[0][4] = [int(f) for f in factors.split(",")]
+    return out
+
+
+def _option(text: str) -> tuple[str, object]:
+    key, value = text.split("=")
+    return key, json.loads(value)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("workload")
+    p.add_argument("--shape", required=True, help="comma-separated, as in `ansor tune`")
+    p.add_argument("--option", action="append", default=[], type=_option, help="KEY=VALUE, e.g. stride=2")
+    p.add_argument("--database", required=True)
+    p.add_argument("--variant", action="append", default=[], help="NAME=STAGE:ITER=F1,F2[;...]")
+    args = p.parse_args()
+    shape = tuple(int(x) for x in args.shape.split(","))
+    opts = dict(args.option)
+    task = make_task(args.workload, shape, **opts)
+    db, owned = open_database(args.database)
+    try:
+        best = db.best(task.workload_key, task.target.key, k=1)
+    finally:
+        if owned:
+            db.close()
+    if not best:
+        raise SystemExit(f"no record of {args.workload} {shape} for this machine in {args.database}")
+    tuned = json.loads(best[0].steps) if isinstance(best[0].steps, str) else best[0].steps
+    programs = {"tuned": tuned}
+    for spec in args.variant:
+        name, edits = spec.split("=", 1)
+        programs[name] = edited(tuned, edits)
+
+    inputs = task.random_inputs(seed=1)
+    reference = task.reference_outputs(inputs)
+    timers = {}
+    for name, steps in programs.items():
+        try:
+            kernel = compile_state(task, State.replay(task.dag, steps_from_json(steps)))
+        except (ScheduleError, RuntimeError) as exc:
+            print(f"{name}: not a program ({str(exc)[:120]})")
+            continue
+        out = kernel(*inputs)
+        problem = check_outputs(list(out) if isinstance(out, tuple) else [out], reference)
+        if problem:
+            print(f"{name}: wrong output, not timed ({problem})")
+            continue
+        timers[name] = lambda k=kernel: k.time(*inputs)
+    w = WORKLOADS[args.workload]
+    if w.torch_fn is not None and torch_available():
+        o = workload_options(args.workload, shape, **opts)
+        timers["torch"] = lambda: time_torch(w.torch_fn, o, inputs).median
+    results = time_in_turns(timers)
+    base = results.get("torch", (None,))[0]
+    for name, (median, lo, hi) in results.items():
+        ratio = f"  {base / median:.2f}x PyTorch" if base and name != "torch" else ""
+        print(f"{name:16s} {median * 1e3:8.3f} ms ({lo * 1e3:.3f}-{hi * 1e3:.3f}) "
+              f"{task.flop / median / 1e9:7.1f} GF/s{ratio}")
+
+
+if __name__ == "__main__":
+    main()
