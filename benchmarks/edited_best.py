@@ -68,7 +68,7 @@ def main() -> None:
             db.close()
     if not best:
         raise SystemExit(f"no record of {args.workload} {shape} for this machine in {args.database}")
-    tuned = json.loads(best[0].steps) if isinstance(best[0].steps, str) else best[0].steps
+    tuned = best[0].steps  # records hold steps in their JSON form (nested lists)
     programs = {"tuned": tuned}
     for spec in args.variant:
         name, edits = spec.split("=", 1)
