@@ -712,3 +712,85 @@ def test_auto_unroll_stops_before_it_copies_a_vector_loop_too_often(builder):
     inputs = random_inputs(task)
     a, b = (x.astype(np.float64) for x in inputs)
     assert_close(run_state(task, s, builder, inputs), a @ b)
+
+
+# ---------------------------------------------------------------------------------------------
+# transposed stores
+
+@pytest.mark.parametrize("group, lanes", [(g, n) for n in (4, 8, 16) for g in (2, 4, 8, 16) if g <= n])
+def test_interleave_rounds_transpose_the_vectors(group, lanes):
+    """Following the shuffles lane by lane: final vector j holds, in groups of `group`
+    lanes, every input vector's lane f in input order, for f = j*lanes/group ... ."""
+    from ansor.codegen.transposed_store import interleave_rounds
+
+    rounds, contents = interleave_rounds(group, lanes)
+    assert len(rounds) == group.bit_length() - 1
+    vectors = [[(v, lane) for lane in range(lanes)] for v in range(group)]
+    for shuffles in rounds:
+        vectors = [[(vectors[left] + vectors[right])[i] for i in idx] for left, right, idx in shuffles]
+    assert vectors == contents
+    per_vector = lanes // group
+    for j, held in enumerate(contents):
+        for g in range(per_vector):
+            f = j * per_vector + g
+            assert held[g * group:(g + 1) * group] == [(v, f) for v in range(group)]
+
+
+def transposing_state(cols: int, channels: int, op: str) -> tuple[ansor.Task, ansor.State]:
+    """out[c, x] from A[x, c] (a copy, or scaled and clamped at zero), with a tile of `cols`
+    columns by `channels` channels vectorized along the channels: the stored index is
+    contiguous in the columns and strided (by 24) in the vector axis."""
+    A = te.placeholder((24, 64), name="A")
+    if op == "copy":
+        out = te.compute((64, 24), lambda c, x: A[x, c], name="out")
+    else:
+        out = te.compute((64, 24), lambda c, x: te.maximum(A[x, c] * 2.0, 0.0), name="out")
+    task = ansor.Task([A, out])
+    s = ansor.State(task.dag)
+    s.split("out", "c", [channels])
+    s.split("out", "x", [cols])
+    s.reorder("out", ["c.0", "x.0", "x.1", "c.1"])
+    s.annotate("out", "c.1", "vectorize")
+    return task, s
+
+
+@pytest.mark.parametrize("vector_bytes, cols, channels, op", [
+    (64, 4, 32, "copy"), (64, 8, 16, "copy"), (32, 2, 8, "copy"), (16, 4, 16, "copy"),
+    (64, 4, 16, "scale_relu"), (32, 8, 32, "scale_relu"), (64, 6, 16, "copy"),
+])
+def test_a_tile_strided_in_its_vector_axis_is_stored_transposed(vector_bytes, cols, channels, op, tmp_path):
+    """The write is transposed in registers and stored in runs of contiguous columns (one
+    store per channel, not one per element); the output matches numpy. 6 columns go in
+    groups of 2; a value that is not a plain load is staged in a contiguous buffer first."""
+    from ansor.codegen.c import generate_c
+    from ansor.measure import Builder, MeasureErrorNo, TimingPolicy
+    from ansor.measure.run import evaluate_kernel
+
+    task, s = transposing_state(cols, channels, op)
+    source, fname = generate_c(lower(s, "tr"), vector_bytes, 16)
+    assert "/* transposed store: out is contiguous along x_1" in source
+    lanes = min(vector_bytes // 4, channels)
+    group = 2 if cols == 6 else min(cols, lanes)
+    stores = source.count("__builtin_memcpy(&out[") + source.count(f"*(ansor_f32x{lanes}*)&out[")
+    assert stores == (cols // group) * lanes  # one store per channel of a block and column group
+    assert ("out_tr[" in source) == (op != "copy")
+    build = Builder(cache_dir=tmp_path).build([source])[0]
+    assert build.error_no == MeasureErrorNo.NO_ERROR, build.error_msg
+    inputs = random_inputs(task)
+    expected = inputs[0].T.copy() if op == "copy" else np.maximum(inputs[0].T * 2.0, 0.0)
+    r = evaluate_kernel(build.lib_path, fname, inputs, [expected],
+                        timing=TimingPolicy(warmup=0, repeat=1, min_repeat_ms=0.0))
+    assert r.error_no == MeasureErrorNo.NO_ERROR, r.error_msg
+
+
+def test_a_tile_contiguous_in_its_vector_axis_keeps_the_plain_loops():
+    """Vectorized along the columns (contiguous in the output) there is nothing to transpose."""
+    from ansor.codegen.c import generate_c
+
+    A = te.placeholder((24, 64), name="A")
+    task = ansor.Task([A, te.compute((64, 24), lambda c, x: A[x, c], name="out")])
+    s = ansor.State(task.dag)
+    s.split("out", "x", [8])
+    s.annotate("out", "x.1", "vectorize")
+    source, _ = generate_c(lower(s, "tr"), 64, 16)
+    assert "transposed store" not in source

@@ -11,6 +11,7 @@ import math
 import re
 
 from ansor.codegen.register_tile import VECTOR_PRELUDE, emit_register_tile, plan_register_tile
+from ansor.codegen.transposed_store import emit_transposed_store, plan_transposed_store
 from ansor.lower import ir
 from ansor.te import expr as E
 from ansor.te.arith import const_bounds, simplify
@@ -281,6 +282,11 @@ class CCodegen:
             raise TypeError(f"cannot generate C for {type(s).__name__}")
 
     def loop(self, s: ir.For, depth: int, in_parallel: bool) -> None:
+        if self.vector_bytes:
+            plan = plan_transposed_store(s, self.vector_bytes, self.ranges)
+            if plan is not None:
+                emit_transposed_store(self, plan, depth, in_parallel)
+                return
         var = self.names(s.var, s.var.name)
         self.ranges[id(s.var)] = (0, s.extent - 1)
         has_inner_loop = any(isinstance(x, ir.For) for x in ir.walk_stmts(s.body))
