@@ -42,6 +42,16 @@ VECTOR_PRELUDE = """
 typedef float ansor_f32x4 __attribute__((vector_size(16), aligned(4), __may_alias__));
 typedef float ansor_f32x8 __attribute__((vector_size(32), aligned(4), __may_alias__));
 typedef float ansor_f32x16 __attribute__((vector_size(64), aligned(4), __may_alias__));
+typedef int32_t ansor_i32x4 __attribute__((vector_size(16)));
+typedef int32_t ansor_i32x8 __attribute__((vector_size(32)));
+typedef int32_t ansor_i32x16 __attribute__((vector_size(64)));
+/* two-input lane shuffle (transposed stores): gcc has __builtin_shuffle with a mask vector since
+   4.7 but __builtin_shufflevector only since 12; clang has only the latter */
+#if defined(__clang__)
+#define ANSOR_SHUFFLE(a, b, mask_type, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define ANSOR_SHUFFLE(a, b, mask_type, ...) __builtin_shuffle(a, b, (mask_type){__VA_ARGS__})
+#endif
 #define ANSOR_PIN_ASM(v) __asm__("" : "+v"(v))
 #define ANSOR_PIN_NONE(v) ((void)0)
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && defined(__SSE__)

@@ -12,8 +12,8 @@ tile, 9% of the 7x7 stem convolution's time on the AVX-512 Xeon (0.862 ms, 0.787
 tile stored contiguously instead). `plan_transposed_store` recognizes the nest and
 `emit_transposed_store` writes it as vectors: `value` goes to a small contiguous buffer (or is
 read in place when it is a plain contiguous load), A vectors of L lanes are transposed in
-registers by log2(A) rounds of two-input interleaves (`__builtin_shufflevector`, one permute
-instruction each on AVX-512), and each f gets its A values with one store of A floats.
+registers by log2(A) rounds of two-input interleaves (the prelude's `ANSOR_SHUFFLE`, one
+permute instruction each on AVX-512), and each f gets its A values with one store of A floats.
 Hand-written into the stem's best program: 0.879 -> 0.848 ms.
 """
 
@@ -88,7 +88,7 @@ def interleave_rounds(group: int, lanes: int) -> tuple[list[list[tuple[int, int,
     """The shuffle network that transposes `group` vectors of `lanes` values.
 
     Returns the rounds, each a list of (left, right, indices) per output vector (indices into
-    the concatenation of the two inputs, as `__builtin_shufflevector` takes them), and what
+    the concatenation of the two inputs, as `ANSOR_SHUFFLE` takes them), and what
     each lane of each final vector holds, as (vector, lane) of the inputs. Every round zips
     vector i with vector i + group/2: the low halves interleaved, then the high halves."""
     half = lanes // 2
@@ -144,7 +144,7 @@ def emit_transposed_store(gen, plan: TransposedStore, depth: int, in_parallel: b
                                       for i, v in enumerate(vectors)) + ";", d)
         for shuffles in rounds:
             made = [gen.names.fresh("tv") for _ in shuffles]
-            parts = [f"{m} = __builtin_shufflevector({vectors[left]}, {vectors[right]}, {', '.join(map(str, idx))})"
+            parts = [f"{m} = ANSOR_SHUFFLE({vectors[left]}, {vectors[right]}, ansor_i32x{lanes}, {', '.join(map(str, idx))})"
                      for m, (left, right, idx) in zip(made, shuffles)]
             gen.emit(f"{vt} " + ", ".join(parts) + ";", d)
             vectors = made
