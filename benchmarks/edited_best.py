@@ -9,16 +9,20 @@ miss one?
 A variant is NAME=EDIT[;EDIT...], each EDIT `STAGE:ITER=F1,F2,...`: the split step of stage
 STAGE at iterator ITER (the numbers in the record's `SP` steps) gets the factors F1, F2, ...
 Every variant's output is checked against the numpy reference; a wrong one is reported and
-not timed.
+not timed. `--plain-stores` adds the tuned program built without transposed stores (the code
+generator's write-back of tiles vectorized along a strided output axis), to measure what they
+are worth.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 
+import ansor.codegen.c as codegen_c
 from ansor.baselines import time_torch, torch_available
 from ansor.kernel import compile_state
 from ansor.measure import check_outputs
@@ -44,6 +48,17 @@ def edited(steps: list, edits: str) -> list:
     return out
 
 
+@contextlib.contextmanager
+def plain_stores():
+    """Code generation without transposed stores, for the ablation."""
+    keep = codegen_c.plan_transposed_store
+    codegen_c.plan_transposed_store = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        codegen_c.plan_transposed_store = keep
+
+
 def _option(text: str) -> tuple[str, object]:
     key, value = text.split("=")
     return key, json.loads(value)
@@ -56,6 +71,7 @@ def main() -> None:
     p.add_argument("--option", action="append", default=[], type=_option, help="KEY=VALUE, e.g. stride=2")
     p.add_argument("--database", required=True)
     p.add_argument("--variant", action="append", default=[], help="NAME=STAGE:ITER=F1,F2[;...]")
+    p.add_argument("--plain-stores", action="store_true", help="also time the tuned program without transposed stores")
     args = p.parse_args()
     shape = tuple(int(x) for x in args.shape.split(","))
     opts = dict(args.option)
@@ -69,17 +85,20 @@ def main() -> None:
     if not best:
         raise SystemExit(f"no record of {args.workload} {shape} for this machine in {args.database}")
     tuned = best[0].steps  # records hold steps in their JSON form (nested lists)
-    programs = {"tuned": tuned}
+    programs = {"tuned": (tuned, False)}
+    if args.plain_stores:
+        programs["tuned, plain stores"] = (tuned, True)
     for spec in args.variant:
         name, edits = spec.split("=", 1)
-        programs[name] = edited(tuned, edits)
+        programs[name] = (edited(tuned, edits), False)
 
     inputs = task.random_inputs(seed=1)
     reference = task.reference_outputs(inputs)
     timers = {}
-    for name, steps in programs.items():
+    for name, (steps, plain) in programs.items():
         try:
-            kernel = compile_state(task, State.replay(task.dag, steps_from_json(steps)))
+            with plain_stores() if plain else contextlib.nullcontext():
+                kernel = compile_state(task, State.replay(task.dag, steps_from_json(steps)))
         except (ScheduleError, RuntimeError) as exc:
             print(f"{name}: not a program ({str(exc)[:120]})")
             continue
@@ -97,7 +116,7 @@ def main() -> None:
     base = results.get("torch", (None,))[0]
     for name, (median, lo, hi) in results.items():
         ratio = f"  {base / median:.2f}x PyTorch" if base and name != "torch" else ""
-        print(f"{name:16s} {median * 1e3:8.3f} ms ({lo * 1e3:.3f}-{hi * 1e3:.3f}) "
+        print(f"{name:20s} {median * 1e3:8.3f} ms ({lo * 1e3:.3f}-{hi * 1e3:.3f}) "
               f"{task.flop / median / 1e9:7.1f} GF/s{ratio}")
 
 
