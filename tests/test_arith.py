@@ -59,3 +59,38 @@ def test_simplified_expressions_keep_their_value(seed):
     for _ in range(20):
         env = {id(v): rng.randrange(e) for v, e in zip(vs, extents)}
         assert _value(simplified, env) == _value(expr, env)
+
+
+def test_a_packed_split_index_becomes_contiguous_in_the_inner_loop():
+    """(16*i0 + i1) % 64 and // 64 with i1 < 16, the index of a split loop packed into tiles of
+    64: rewritten without i1 inside the mod, so the store is contiguous in i1."""
+    from ansor.te.printer import expr_to_str
+
+    i0, i1 = E.Var("i0"), E.Var("i1")
+    s = Simplifier({id(i0): (0, 63), id(i1): (0, 15)})
+    x = i0 * 16 + i1
+    assert expr_to_str(s.simplify(x % 64)) == "i1 + i0 % 4 * 16"
+    assert expr_to_str(s.simplify(x // 64)) == "i0 // 4"
+    # i1 may reach 16: the split is not exact and the expression stays as it was
+    wide = Simplifier({id(i0): (0, 63), id(i1): (0, 16)})
+    assert expr_to_str(wide.simplify(x % 64)) == "(i0 * 16 + i1) % 64"
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_divisions_split_at_a_divisor_keep_their_value(seed):
+    """Random (c1*(sum of terms) + b + k) // c and % c, c a multiple of c1, signed coefficients
+    and ranges, compared with Python's floor division at random points."""
+    rng = random.Random(seed)
+    c1 = rng.choice([2, 4, 8, 16, 3])
+    c = c1 * rng.choice([1, 2, 4, 3])
+    vs = [E.Var(n) for n in ("a", "b", "r")]
+    ranges = {id(vs[0]): (rng.randint(-8, 0), rng.randint(0, 20)), id(vs[1]): (0, rng.randint(0, 9)),
+              id(vs[2]): (0, c1 - 1 if rng.random() < 0.8 else c1)}
+    expr = (vs[0] * (c1 * rng.choice([1, -1, 3])) + vs[1] * (c1 * rng.randint(1, 5)) + vs[2]
+            + E.Const(c1 * rng.randint(-3, 3), "int32"))
+    for op in ("//", "%"):
+        node = E.BinOp(op, expr, E.Const(c, "int32"), "int32")
+        simplified = Simplifier(ranges).simplify(node)
+        for _ in range(40):
+            env = {id(v): rng.randint(*ranges[id(v)]) for v in vs}
+            assert _value(simplified, env) == _value(node, env)

@@ -452,6 +452,11 @@ def _simplify_int_binop(node: E.BinOp, ranges: Ranges, simp) -> E.Expr | None:
         lo, hi = _linear_bounds(rest, ranges)
         if 0 <= lo and hi < c:  # the remainder part never crosses a multiple of c
             return from_linear(quotient, dtype) if op == "//" else rest_expr
+        split = _split_at_divisor(rest, c, op, dtype, ranges, simp)
+        if split is not None:
+            if op == "%" or not (quotient.terms or quotient.const):
+                return split
+            return simp(E.BinOp("+", from_linear(quotient, dtype), split, dtype))
         if op == "%":
             if not rest.terms:
                 return E.Const(rest.const, dtype)
@@ -466,6 +471,27 @@ def _simplify_int_binop(node: E.BinOp, ranges: Ranges, simp) -> E.Expr | None:
             return node.a if op == "min" else node.b
         if lo >= 0:
             return node.b if op == "min" else node.a
+    return None
+
+
+def _split_at_divisor(rest: Linear, c: int, op: str, dtype: str, ranges: Ranges, simp) -> E.Expr | None:
+    """`rest // c` or `rest % c` where rest = c1*a + b, c1 divides c and b stays in [0, c1):
+    a // (c/c1), and (a % (c/c1))*c1 + b. A split loop packed into tiles of 64 gives
+    ((16*i0 + i1) % 64) with i1 < 16; rewritten, the index is contiguous in i1 and gcc stores
+    whole vectors instead of one element at a time (batch matmul's packing: 7% of the kernel)."""
+    for c1 in sorted({math.gcd(coef, c) for _, coef in rest.terms.values()} - {1}, reverse=True):
+        big = Linear({k: (a, coef // c1) for k, (a, coef) in rest.terms.items() if coef % c1 == 0},
+                     rest.const // c1)
+        small = Linear({k: (a, coef) for k, (a, coef) in rest.terms.items() if coef % c1 != 0},
+                       rest.const % c1)
+        lo, hi = _linear_bounds(small, ranges)
+        if not big.terms or lo < 0 or hi >= c1:
+            continue
+        a, m = from_linear(big, dtype), E.Const(c // c1, dtype)
+        if op == "//":
+            return simp(E.BinOp("//", a, m, dtype))
+        scaled = E.BinOp("*", E.BinOp("%", a, m, dtype), E.Const(c1, dtype), dtype)
+        return simp(E.BinOp("+", scaled, from_linear(small, dtype), dtype))
     return None
 
 
