@@ -11,6 +11,9 @@ same budget and prints the per-workload and geometric-mean speedup of the full t
 Convolution weights are constant inputs: where the tuned program copies them into a tiled
 layout, that copy runs once, ahead of the timed calls (as in inference); the time with the copy
 in every call is printed beside it in brackets.
+`--reuse --databases DIR` tunes nothing: it builds the best program of each database an earlier
+run left in DIR (compiled by the code as it is now) and times it against the baselines, with the
+tuning curves rebuilt from the records, to refresh a table without tuning again.
 `--transfer-from DIR` gives the full tuner's database, before it tunes a workload, the records of
 every *other* workload found in DIR's databases, so its cost model starts from them (leave one
 workload out: a workload never learns from its own earlier records).
@@ -31,6 +34,7 @@ import time
 import ansor
 from ansor.baselines import time_numpy, time_torch, torch_available
 from ansor.measure import check_outputs
+from ansor.tuner import open_database
 from ansor.workloads import WORKLOADS, make_task, workload_options
 
 # (label, workload name, shape, options)
@@ -83,20 +87,45 @@ def copy_other_workloads(task, source_dir: str, db_path: str) -> int:
     return copied
 
 
-def tune_and_build(name, shape, opts, trials, policy, seed, db_dir=None, transfer_from=None):
+def tune_and_build(name, shape, opts, trials, policy, seed, db_dir=None, transfer_from=None, reuse=False):
+    """Tune (or with `reuse`, take the database's earlier records) and build the best kernel.
+    Returns (task, inputs, kernel, TuneResult or None when reused, wall seconds, curve)."""
     task = make_task(name, shape, **opts)
     if db_dir:
         os.makedirs(db_dir, exist_ok=True)
         db = os.path.join(db_dir, f"{name}-{'x'.join(map(str, shape))}-{policy}-seed{seed}.db")
     else:
         db = os.path.join(tempfile.mkdtemp(), "suite.db")
-    if transfer_from and policy == "sketch.xgb":
-        print(f"{name}: {copy_other_workloads(task, transfer_from, db)} records of other workloads "
-              f"from {transfer_from}", flush=True)
     t0 = time.time()
-    res = ansor.tune(task, trials=trials, database=db, seed=seed, policy=policy)
+    if reuse:
+        if not os.path.exists(db):
+            raise SystemExit(f"--reuse: no database {db}")
+        res, curve = None, curve_from_database(task, db, trials)
+    else:
+        if transfer_from and policy == "sketch.xgb":
+            print(f"{name}: {copy_other_workloads(task, transfer_from, db)} records of other workloads "
+                  f"from {transfer_from}", flush=True)
+        res = ansor.tune(task, trials=trials, database=db, seed=seed, policy=policy)
+        curve = res.curve
     kernel, inputs = build_checked(task, db, name)
-    return task, inputs, kernel, res, time.time() - t0
+    return task, inputs, kernel, res, time.time() - t0, curve
+
+
+def curve_from_database(task, db: str, trials: int) -> list:
+    """(trial, best GFLOP/s so far) over the first `trials` records of the task, in the order
+    they were measured (what `TuneResult.curve` held for the run that wrote them)."""
+    database, owned = open_database(db)
+    try:
+        records = database.records(task.workload_key, task.target.key)[:trials]
+    finally:
+        if owned:
+            database.close()
+    best, curve = 0.0, []
+    for i, rec in enumerate(records, 1):
+        if rec.costs:
+            best = max(best, task.flop / rec.median_cost / 1e9)
+        curve.append((i, best))
+    return curve
 
 
 def build_checked(task, db: str, label: str):
@@ -147,7 +176,12 @@ def main() -> None:
     p.add_argument("--curve", default=None, help="PNG of the matmul 1024 tuning curves")
     p.add_argument("--transfer-from", default=None,
                    help="folder of databases whose other workloads' records the full tuner starts from")
+    p.add_argument("--reuse", action="store_true",
+                   help="no tuning: build the best of each database already in --databases (an earlier "
+                        "run's) and time it against the baselines; curves are rebuilt from the records")
     args = p.parse_args()
+    if args.reuse and not args.databases:
+        p.error("--reuse needs --databases")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"# ansor suite; {platform.machine()} {os.cpu_count()} cores; commit {commit}; "
           f"{time.strftime('%Y-%m-%d %H:%M')}; policy {args.policy}"
@@ -157,22 +191,26 @@ def main() -> None:
         if args.only and label not in args.only and name not in args.only:
             continue
         trials = args.trials_matmul if name == "matmul" else args.trials
-        task, inputs, kernel, res, wall = tune_and_build(name, shape, opts, trials, args.policy, args.seed,
-                                                           args.databases, args.transfer_from)
+        task, inputs, kernel, res, wall, curve = tune_and_build(name, shape, opts, trials, args.policy, args.seed,
+                                                                  args.databases, args.transfer_from, args.reuse)
         row = {"label": label, "workload": name, "shape": list(shape), "trials": trials, "flop": task.flop,
-               "tune_wall_s": wall, "search_s": res.search_seconds, "measure_s": res.measure_seconds,
-               "model_s": res.model_seconds, "curve": res.curve}
+               "curve": curve, "reused": args.reuse}
+        if res is not None:
+            row.update(tune_wall_s=wall, search_s=res.search_seconds, measure_s=res.measure_seconds,
+                       model_s=res.model_seconds)
         timers = {"ansor_s": lambda k=kernel: k.time(*inputs)}
         if kernel.packs_ahead:  # constant weights packed once; also time packing them in every call
             timers["ansor_pack_each_call_s"] = lambda k=kernel: k.time(*inputs, include_prepack=True)
         if args.compare:
-            _, _, kernel2, res2, _ = tune_and_build(name, shape, opts, trials, args.compare, args.seed,
-                                                   args.databases)
-            row["compare_curve"] = res2.curve
+            _, _, kernel2, res2, _, curve2 = tune_and_build(name, shape, opts, trials, args.compare, args.seed,
+                                                            args.databases, reuse=args.reuse)
+            row["compare_curve"] = curve2
             # two readings of "the other policy's final best": the highest single measurement of
             # its run (can be a lucky outlier), and its best after the end-of-job re-measurement
-            row["trials_to_compare_best"] = trials_to_reach(res.curve, max((g for _, g in res2.curve), default=0.0))
-            row["trials_to_compare_confirmed_best"] = trials_to_reach(res.curve, res2.best_gflops)
+            # (the database's best, its runs pooled)
+            row["trials_to_compare_best"] = trials_to_reach(curve, max((g for _, g in curve2), default=0.0))
+            confirmed = res2.best_gflops if res2 is not None else task.flop / kernel2.record.median_cost / 1e9
+            row["trials_to_compare_confirmed_best"] = trials_to_reach(curve, confirmed)
             timers["compare_s"] = lambda k=kernel2: k.time(*inputs)
         w = WORKLOADS[name]
         if w.numpy_fn is not None and name in ("matmul", "batch_matmul", "matmul_bias_relu"):
