@@ -94,3 +94,30 @@ def test_divisions_split_at_a_divisor_keep_their_value(seed):
         for _ in range(40):
             env = {id(v): rng.randint(*ranges[id(v)]) for v in vs}
             assert _value(simplified, env) == _value(node, env)
+
+
+def test_a_split_division_and_its_remainder_recombine():
+    """((32*i + k) % 1024) + ((32*i + k) // 1024)*1024 is 32*i + k, also after the division
+    was split at 32 (a 2-norm's fused reduction index: left split, gcc stopped vectorizing)."""
+    from ansor.te.printer import expr_to_str
+
+    i, k = E.Var("i"), E.Var("k")
+    s = Simplifier({id(i): (0, 1023), id(k): (0, 31)})
+    x = i * 32 + k
+    assert expr_to_str(s.simplify((x % 1024) + (x // 1024) * 1024)) == "i * 32 + k"
+    assert expr_to_str(s.simplify((i % 7) * 2 + (i // 7) * 14 + 5)) == "i * 2 + 5"
+    assert expr_to_str(s.simplify((i % 7) * 2 + (i // 7) * 7)) == "i % 7 * 2 + i // 7 * 7"  # not k*m
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_recombined_divisions_keep_their_value(seed):
+    rng = random.Random(500 + seed)
+    vs = [E.Var(n) for n in ("a", "b")]
+    ranges = {id(vs[0]): (rng.randint(-9, 0), rng.randint(0, 40)), id(vs[1]): (0, rng.randint(0, 12))}
+    x = vs[0] * rng.randint(-4, 6) + vs[1] * rng.randint(1, 5) + E.Const(rng.randint(-5, 5), "int32")
+    m, k = rng.randint(1, 9), rng.randint(-3, 4)
+    expr = (x % m) * k + (x // m) * (k * m) + vs[1]
+    simplified = Simplifier(ranges).simplify(expr)
+    for _ in range(40):
+        env = {id(v): rng.randint(*ranges[id(v)]) for v in vs}
+        assert _value(simplified, env) == _value(expr, env)

@@ -134,13 +134,16 @@ def emit_transposed_store(gen, plan: TransposedStore, depth: int, in_parallel: b
     gen.ranges[id(block)] = (0, blocks - 1)
     gen.emit(f"for (int32_t {block_name} = 0; {block_name} < {blocks}; ++{block_name}) {{", d)
     d += 1
+    def at(load: ir.BufferLoad, a_value: int, f_lane: int) -> str:
+        """C text of `load` at a = a_value and f = block * lanes + f_lane."""
+        bound = {outer.var: E.Const(a_value, "int32"), inner.var: block * lanes + E.Const(f_lane, "int32")}
+        return gen.expr(E.substitute(load, bound))
+
     rounds, contents = interleave_rounds(group, lanes)
+    target = ir.BufferLoad(store.buffer, store.indices)
     for start in range(0, outer.extent, group):
-        def at(load, a_value: int, f_lane: E.Expr) -> str:
-            bound = {outer.var: E.Const(start + a_value, "int32"), inner.var: block * lanes + f_lane}
-            return gen.expr(E.substitute(load, bound))
         vectors = [gen.names.fresh("tv") for _ in range(group)]
-        gen.emit(f"{vt} " + ", ".join(f"{v} = *(const {vt}*)&{at(source, i, E.Const(0, 'int32'))}"
+        gen.emit(f"{vt} " + ", ".join(f"{v} = *(const {vt}*)&{at(source, start + i, 0)}"
                                       for i, v in enumerate(vectors)) + ";", d)
         for shuffles in rounds:
             made = [gen.names.fresh("tv") for _ in shuffles]
@@ -148,13 +151,12 @@ def emit_transposed_store(gen, plan: TransposedStore, depth: int, in_parallel: b
                      for m, (left, right, idx) in zip(made, shuffles)]
             gen.emit(f"{vt} " + ", ".join(parts) + ";", d)
             vectors = made
-        target = ir.BufferLoad(store.buffer, store.indices)
         for v, lanes_held in zip(vectors, contents):
             for g in range(0, lanes, group):
                 held = lanes_held[g:g + group]
                 f_lane = held[0][1]
                 assert held == [(i, f_lane) for i in range(group)], "the interleave network is a transpose"
-                address = at(target, 0, E.Const(f_lane, "int32"))
+                address = at(target, start, f_lane)
                 if group == lanes:
                     gen.emit(f"*({vt}*)&{address} = {v};", d)
                 else:

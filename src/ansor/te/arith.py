@@ -246,6 +246,29 @@ class Simplifier:
             return to_linear(atom)
         return Linear({atom_key(atom): (atom, 1)}, 0)
 
+    def _merged_div_mod(self, lin: Linear) -> Linear:
+        """k*(x % m) + k*m*(x // m) -> k*x. Splitting a division at a divisor of its divisor
+        (`_split_at_divisor`) turns ((32*i + k) % 1024) + ((32*i + k) // 1024)*1024, which gcc
+        folds to 32*i + k itself, into k + 32*(i % 32) + 1024*(i // 32), which it does not (a
+        2-norm's reduction then stopped vectorizing: 0.08 -> 0.25 ms); this puts it back."""
+        mods = [(key, atom, coef) for key, (atom, coef) in lin.terms.items()
+                if type(atom) is E.BinOp and atom.op == "%" and type(atom.b) is E.Const]
+        if not mods:
+            return lin
+        terms = dict(lin.terms)
+        for key, atom, coef in mods:
+            div_key = atom_key(E.BinOp("//", atom.a, atom.b, atom.dtype))
+            div = terms.get(div_key)
+            if key not in terms or div is None or div[1] != coef * atom.b.value:
+                continue
+            del terms[key], terms[div_key]
+            whole = self._linear_of(atom.a)
+            for k, (a, c) in whole.terms.items():
+                _accumulate(terms, k, a, coef * c)
+            lin = Linear(terms, lin.const + coef * whole.const)
+            terms = dict(lin.terms)
+        return Linear(terms, lin.const)
+
     def _flat_linear(self, node: E.Expr) -> Linear:
         """`_linear_of` of a sum-of-products tree in one left-to-right pass, with no
         intermediate forms: scales are pushed down to the leaves, and only leaves that are
@@ -305,7 +328,7 @@ class Simplifier:
         if hit is not None:
             return hit[1]
         if type(node) is E.BinOp and node.op in _LINEAR_OPS and node.dtype in _INT:
-            result = self._rebuilt(self._flat_linear(node), node.dtype)
+            result = self._rebuilt(self._merged_div_mod(self._flat_linear(node)), node.dtype)
         else:
             kids = node.children()
             rebuilt = node
