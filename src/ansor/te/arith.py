@@ -255,7 +255,7 @@ class Simplifier:
                 if type(atom) is E.BinOp and atom.op == "%" and type(atom.b) is E.Const]
         if not mods:
             return lin
-        terms = dict(lin.terms)
+        terms, const = dict(lin.terms), lin.const
         for key, atom, coef in mods:
             div_key = atom_key(E.BinOp("//", atom.a, atom.b, atom.dtype))
             div = terms.get(div_key)
@@ -265,9 +265,8 @@ class Simplifier:
             whole = self._linear_of(atom.a)
             for k, (a, c) in whole.terms.items():
                 _accumulate(terms, k, a, coef * c)
-            lin = Linear(terms, lin.const + coef * whole.const)
-            terms = dict(lin.terms)
-        return Linear(terms, lin.const)
+            const += coef * whole.const
+        return Linear(terms, const)
 
     def _flat_linear(self, node: E.Expr) -> Linear:
         """`_linear_of` of a sum-of-products tree in one left-to-right pass, with no
