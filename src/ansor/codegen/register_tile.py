@@ -96,7 +96,7 @@ class RegisterTile:
         return f"ANSOR_PIN{4 * self.lanes}"
 
 
-def _coefficient(expr: E.Expr, var: E.Var) -> int | None:
+def index_coefficient(expr: E.Expr, var: E.Var) -> int | None:
     """The coefficient of `var` in a linear index, None if `var` also sits inside a
     non-linear part (a div or mod)."""
     lin = to_linear(expr)
@@ -123,7 +123,7 @@ def _vectorizable(expr: E.Expr, vec_var: E.Var, offsets: dict[int, E.Expr]) -> b
     not depend on the vector variable (it stays scalar and is broadcast). `offsets`: each
     load's simplified element offset, by id."""
     if isinstance(expr, ir.BufferLoad):
-        return _coefficient(offsets[id(expr)], vec_var) in (0, 1)  # a broadcast or contiguous
+        return index_coefficient(offsets[id(expr)], vec_var) in (0, 1)  # a broadcast or contiguous
     if isinstance(expr, E.BinOp) and expr.op in ("+", "-", "*"):
         return _vectorizable(expr.a, vec_var, offsets) and _vectorizable(expr.b, vec_var, offsets)
     return not any(n is vec_var for n in E.walk(expr))
@@ -183,7 +183,7 @@ def plan_register_tile(loop: ir.For, buf: ir.Buffer, vector_bytes: int, register
         offsets = {id(ld): _offset(ld, scope) for ld in loads}
         if not _vectorizable(point_value, vec.var, offsets):
             return None
-        uses.update({_load_key(ld, offsets[id(ld)]) for ld in loads if _coefficient(offsets[id(ld)], vec.var) == 1})
+        uses.update({_load_key(ld, offsets[id(ld)]) for ld in loads if index_coefficient(offsets[id(ld)], vec.var) == 1})
         for c in range(chunks):
             at = simplify(E.substitute(index, {**binding, vec.var: E.Const(c * lanes, "int32")}), scope)
             if not isinstance(at, E.Const) or at.value % lanes:
@@ -239,7 +239,7 @@ def _vector_text(gen, tile: RegisterTile, expr: E.Expr, chunk_start: E.Const, lo
     vec_var, vt = tile.vector_loop.var, tile.vector_type
     if isinstance(expr, ir.BufferLoad):
         offset = _offset(expr, gen.ranges)
-        if _coefficient(offset, vec_var) == 0:
+        if index_coefficient(offset, vec_var) == 0:
             return gen.expr(expr)
         text = f"*(const {vt}*)&{gen.expr(E.substitute(expr, {vec_var: chunk_start}))}"
         name = loaded.get(text)

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ansor.codegen.register_tile import index_coefficient
 from ansor.lower import ir
 from ansor.te import expr as E
-from ansor.te.arith import simplify, to_linear
+from ansor.te.arith import simplify
 
 
 @dataclass
@@ -36,17 +37,6 @@ class TransposedStore:
     lanes: int          # L: vector lanes along f
     group: int          # values of a transposed together (a power of two, at most L, divides A)
     source: ir.BufferLoad | None  # the value itself when it is a load contiguous in f
-
-
-def _coefficient(index: E.Expr, var: E.Var) -> int | None:
-    """The coefficient of `var` in a linear index; None where it also sits in a div or mod."""
-    coef = 0
-    for atom, c in to_linear(index).terms.values():
-        if atom is var:
-            coef = c
-        elif any(n is var for n in E.walk(atom)):
-            return None
-    return coef
 
 
 def plan_transposed_store(loop: ir.For, vector_bytes: int, ranges: dict) -> TransposedStore | None:
@@ -70,8 +60,8 @@ def plan_transposed_store(loop: ir.For, vector_bytes: int, ranges: dict) -> Tran
         return None
     scope = {**ranges, id(loop.var): (0, loop.extent - 1), id(inner.var): (0, inner.extent - 1)}
     index = simplify(store.buffer.flat_index(store.indices), scope)
-    stride = _coefficient(index, inner.var)
-    if _coefficient(index, loop.var) != 1 or stride is None or stride < group:
+    stride = index_coefficient(index, inner.var)
+    if index_coefficient(index, loop.var) != 1 or stride is None or stride < group:
         return None  # not contiguous in a, or the groups of different f would overlap
     loads = [n for n in E.walk(store.value) if isinstance(n, ir.BufferLoad)]
     if any(ld.buffer is store.buffer for ld in loads):
@@ -79,7 +69,7 @@ def plan_transposed_store(loop: ir.For, vector_bytes: int, ranges: dict) -> Tran
     source = None
     if isinstance(store.value, ir.BufferLoad):
         offset = simplify(store.value.buffer.flat_index(store.value.indices), scope)
-        if _coefficient(offset, inner.var) == 1:
+        if index_coefficient(offset, inner.var) == 1:
             source = store.value
     return TransposedStore(loop, inner, store, lanes, group, source)
 
