@@ -35,19 +35,15 @@ def _init_worker(dag) -> None:
 
 
 def _extract_chunk(step_lists: list[tuple]) -> list[np.ndarray]:
-    with collector_paused():
-        return _extract_all(step_lists)
-
-
-def _extract_all(step_lists: list[tuple]) -> list[np.ndarray]:
     out = []
-    for steps in step_lists:
-        try:
-            state = State.replay(_WORKER_DAG, steps)
-        except ScheduleError:
-            out.append(np.zeros((0, FEATURE_COUNT), np.float32))
-            continue
-        out.append(program_features(state))
+    with collector_paused():
+        for steps in step_lists:
+            try:
+                state = State.replay(_WORKER_DAG, steps)
+            except ScheduleError:
+                out.append(np.zeros((0, FEATURE_COUNT), np.float32))
+                continue
+            out.append(program_features(state))
     return out
 
 
