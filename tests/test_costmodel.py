@@ -257,6 +257,17 @@ def test_pairwise_accuracy_examples():
     assert pairwise_accuracy([3, 2, 1], [10, 20, 30]) == 0.0
     assert pairwise_accuracy([1, 3, 2], [10, 20, 30]) == pytest.approx(2 / 3)
     assert pairwise_accuracy([1, 2, 3], [5, 5, 9]) == 1.0  # the tied pair is ignored
+
+
+def test_pairwise_accuracy_with_a_margin_ignores_pairs_within_the_noise():
+    true = [1.00, 1.02, 2.0, 4.0]  # the first two are within 5% of each other
+    pred = [2.0, 1.0, 3.0, 4.0]    # ... and only their order is wrong
+    assert pairwise_accuracy(pred, true) == pytest.approx(5 / 6)
+    assert pairwise_accuracy(pred, true, margin=0.05) == 1.0
+    assert pairwise_accuracy(pred, true, margin=10.0) != pairwise_accuracy(pred, true, margin=10.0)  # no pair: NaN
+    from ansor.costmodel.model import _share_of_close_pairs
+    assert _share_of_close_pairs(np.array(true), ["a"] * 4, 0.05) == pytest.approx(1 / 6)
+    assert _share_of_close_pairs(np.array(true), ["a", "b", "a", "b"], 0.05) == 0.0  # the close pair spans groups
     assert pairwise_accuracy([7, 7], [1, 2]) == 0.5  # a tie in the prediction is half right
     assert math.isnan(pairwise_accuracy([1, 2], [3, 3]))
     # Across groups nothing is compared: only (0,1) in "a" and (2,3) in "b".
@@ -297,6 +308,8 @@ def test_evaluate_split_reports_held_out_metrics():
     res = evaluate_split(f, c, groups, test_fraction=0.2, seed=0, k=5, model_kwargs={"n_threads": 1})
     assert res["n_unusable"] == 1 and res["n_test"] == 60 and res["n_train"] == 239 and res["n_groups"] == 2
     assert res["pairwise_accuracy"] > 0.75 and res["r2"] > 0.5 and 0.0 <= res["topk_recall"] <= 1.0
+    assert res["pairwise_accuracy_beyond_5pct"] >= res["pairwise_accuracy"] - 0.05
+    assert 0.0 <= res["pairs_within_5pct"] < 0.5
     again = evaluate_split(f, c, groups, test_fraction=0.2, seed=0, k=5, model_kwargs={"n_threads": 1})
     assert again["pairwise_accuracy"] == res["pairwise_accuracy"] and again["r2"] == res["r2"]  # seeded split
 

@@ -308,7 +308,7 @@ def cmd_costmodel(args) -> int:
     console.print(f"{len(data.costs)} programs of {len(set(data.groups))} workloads from {path} "
                   f"({data.skipped} records could not be replayed)")
     for key, value in metrics.items():
-        console.print(f"  {key:24s} {value:.3f}" if isinstance(value, float) else f"  {key:24s} {value}")
+        console.print(f"  {key:30s} {value:.3f}" if isinstance(value, float) else f"  {key:30s} {value}")
     return 0
 
 
