@@ -232,6 +232,41 @@ def test_row_statistics_can_be_computed_inside_the_output_row_loop(tmp_path):
     assert r.error_no == MeasureErrorNo.NO_ERROR, f"{r.error_msg}\n{st}"
 
 
+def _fully_fused_share(task: ansor.Task, fused_prob: float, n: int = 300) -> float:
+    """Share of random programs in which no stage but the output is computed at the root."""
+    policy = SketchPolicy(task, seed=0, params={"fused_location_prob": fused_prob})
+    rng = random.Random(5)
+    fused = total = 0
+    for _ in range(n):
+        st = annotate(rng.choice(policy.sketches).steps, task.dag, rng, policy.params, 2)
+        if st is None:
+            continue
+        total += 1
+        fused += not any(s.attach == "root" and not s.is_placeholder and not st.is_output(i)
+                         for i, s in enumerate(st.stages))
+    return fused / total
+
+
+def test_the_joint_location_draw_makes_fused_row_statistics_common():
+    """Drawn stage by stage, LayerNorm's four statistics rarely all land in the output's row
+    loop; the per-program draw puts every free stage into a consumer loop in a share of the
+    programs, so the fused program is common (and the per-stage draw remains for the rest)."""
+    task = small_task("layer_norm_gelu")
+    alone, joint = _fully_fused_share(task, 0.0), _fully_fused_share(task, 0.5)
+    assert joint > alone + 0.25, (alone, joint)
+    assert _fully_fused_share(task, 1.0) == 1.0
+
+
+@pytest.mark.parametrize("name", ["conv2d", "matmul_bias_relu"])
+def test_programs_without_a_free_reduction_sample_as_without_the_joint_draw(name):
+    """The coin is drawn at the first free reduction: a convolution (whose padding is the only
+    free stage) samples the same programs for the same seed whatever the probability."""
+    task = small_task(name)
+    keys = [[p.key() for p in SketchPolicy(task, seed=3, params={"fused_location_prob": prob, "search_workers": 1})
+             .sample(60, set())] for prob in (0.0, 0.9)]
+    assert keys[0] == keys[1]
+
+
 def test_a_reduction_is_not_offered_a_loop_that_recomputes_it():
     """The variance is read as var[i0] by the output: inside the output's row loop it is
     computed once per row, inside the column loop once per element. Only the row loop is a

@@ -20,6 +20,9 @@ SEARCH_DEFAULTS: dict[str, object] = {
     "parallel_degree_per_core": 16,       # stop fusing outer loops beyond 16 x cores
     "min_parallel_per_core": 4,           # fuse at least up to 4 x cores parallel iterations
     "disable_change_compute_location": False,
+    "fused_location_prob": 0.25,          # share of programs whose free reductions (and the free stages
+                                          # after them) all go into consumer loops (ours; the reference
+                                          # draws each stage alone)
     # sampling
     "sample_init_min_population": 50,
     "sample_init_fresh_ratio": 0.25,      # share of a round's random programs drawn anew; the rest
