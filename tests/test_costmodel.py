@@ -257,6 +257,10 @@ def test_pairwise_accuracy_examples():
     assert pairwise_accuracy([3, 2, 1], [10, 20, 30]) == 0.0
     assert pairwise_accuracy([1, 3, 2], [10, 20, 30]) == pytest.approx(2 / 3)
     assert pairwise_accuracy([1, 2, 3], [5, 5, 9]) == 1.0  # the tied pair is ignored
+    assert pairwise_accuracy([7, 7], [1, 2]) == 0.5  # a tie in the prediction is half right
+    assert math.isnan(pairwise_accuracy([1, 2], [3, 3]))
+    # Across groups nothing is compared: only (0,1) in "a" and (2,3) in "b".
+    assert pairwise_accuracy([1, 2, 9, 0], [1, 2, 3, 4], groups=["a", "a", "b", "b"]) == 0.5
 
 
 def test_pairwise_accuracy_with_a_margin_ignores_pairs_within_the_noise():
@@ -268,10 +272,6 @@ def test_pairwise_accuracy_with_a_margin_ignores_pairs_within_the_noise():
     from ansor.costmodel.model import _share_of_close_pairs
     assert _share_of_close_pairs(np.array(true), ["a"] * 4, 0.05) == pytest.approx(1 / 6)
     assert _share_of_close_pairs(np.array(true), ["a", "b", "a", "b"], 0.05) == 0.0  # the close pair spans groups
-    assert pairwise_accuracy([7, 7], [1, 2]) == 0.5  # a tie in the prediction is half right
-    assert math.isnan(pairwise_accuracy([1, 2], [3, 3]))
-    # Across groups nothing is compared: only (0,1) in "a" and (2,3) in "b".
-    assert pairwise_accuracy([1, 2, 9, 0], [1, 2, 3, 4], groups=["a", "a", "b", "b"]) == 0.5
 
 
 def test_pairwise_accuracy_matches_brute_force_on_large_input():

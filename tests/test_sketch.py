@@ -249,8 +249,9 @@ def _fully_fused_share(task: ansor.Task, fused_prob: float, n: int = 300) -> flo
 
 def test_the_joint_location_draw_makes_fused_row_statistics_common():
     """Drawn stage by stage, LayerNorm's four statistics rarely all land in the output's row
-    loop; the per-program draw puts every free stage into a consumer loop in a share of the
-    programs, so the fused program is common (and the per-stage draw remains for the rest)."""
+    loop; the per-program draw puts the free reductions (and the free stages after them) into
+    consumer loops in a share of the programs, so the fused program is common (and the
+    per-stage draw remains for the rest)."""
     task = small_task("layer_norm_gelu")
     alone, joint = _fully_fused_share(task, 0.0), _fully_fused_share(task, 0.5)
     assert joint > alone + 0.25, (alone, joint)

@@ -437,6 +437,14 @@ def pairwise_accuracy(pred: Sequence[float], true: Sequence[float], groups: Sequ
     programs within the measurement noise is itself a coin flip. Returns NaN when
     there is no pair.
     """
+    right, total = _ordered_pairs(pred, true, groups, margin)
+    return right / total if total else float("nan")
+
+
+def _ordered_pairs(pred: Sequence[float], true: Sequence[float], groups: Sequence[str] | None,
+                   margin: float) -> tuple[float, int]:
+    """(pairs ordered right by ``pred``, ties half, and pairs counted) over the same-group
+    pairs whose faster member is more than ``margin`` faster in ``true``."""
     p = np.asarray(pred, dtype=np.float64).reshape(-1)
     t = np.asarray(true, dtype=np.float64).reshape(-1)
     if p.size != t.size:
@@ -454,7 +462,7 @@ def pairwise_accuracy(pred: Sequence[float], true: Sequence[float], groups: Sequ
             mask &= g[s : s + block, None] == g[None, :]
         total += int(mask.sum())
         right += float((mask & (pi > p[None, :])).sum()) + 0.5 * float((mask & (pi == p[None, :])).sum())
-    return right / total if total else float("nan")
+    return right, total
 
 
 #: Relative difference below which two measured programs count as equally fast when
@@ -463,16 +471,11 @@ def pairwise_accuracy(pred: Sequence[float], true: Sequence[float], groups: Sequ
 NOISE_MARGIN = 0.05
 
 
-def _share_of_close_pairs(true: np.ndarray, groups: Sequence[str], margin: float) -> float:
-    """Share of the same-group pairs whose true values differ by at most ``margin``."""
-    t = np.asarray(true, dtype=np.float64).reshape(-1)
-    _, g = np.unique(np.asarray(groups, dtype=object).astype(str), return_inverse=True)
-    same = g[:, None] == g[None, :]
-    faster = (t[:, None] > t[None, :]) & same
-    total = int(faster.sum())
-    if not total:
-        return float("nan")
-    return 1.0 - int((faster & (t[:, None] > t[None, :] * (1.0 + margin))).sum()) / total
+def _share_of_close_pairs(true: Sequence[float], groups: Sequence[str], margin: float) -> float:
+    """Share of the untied same-group pairs whose true values differ by at most ``margin``."""
+    _, untied = _ordered_pairs(true, true, groups, 0.0)
+    _, apart = _ordered_pairs(true, true, groups, margin)
+    return 1.0 - apart / untied if untied else float("nan")
 
 
 def topk_recall(pred: Sequence[float], true: Sequence[float], k: int) -> float:
