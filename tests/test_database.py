@@ -386,3 +386,72 @@ def test_in_memory_database():
     with Database(":memory:") as db:
         db.add_records([rec("a")])
         assert db.count() == 1
+
+
+# ---------------------------------------------------------------- read-only opening
+
+
+def _listing(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_read_only_open_of_a_missing_file_creates_nothing(tmp_path: Path):
+    with pytest.raises(DatabaseError, match="no records database here"):
+        Database(tmp_path / "missing.db", create=False)
+    with pytest.raises(DatabaseError, match="no such directory"):
+        Database.open_existing(tmp_path / "no" / "such" / "dir.db")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_read_only_open_reads_and_writes_nothing(db_path: Path):
+    with Database(db_path) as d:
+        d.add_workload(WK, {"name": "m"}, 1e6)
+        d.add_records([rec("s1"), rec("s2", costs=(2e-3,))])
+    before = _listing(db_path.parent)
+    with Database(db_path, create=False) as ro:
+        assert ro.read_only
+        assert [r.state_key for r in ro.records()] == ["s1", "s2"]
+        assert ro.best(WK, TK)[0].state_key == "s1"
+        with pytest.raises(DatabaseError, match="read-only"):
+            ro.add_records([rec("s3")])
+        with pytest.raises(DatabaseError, match="read-only"):
+            ro.add_workload("other", {})
+    assert _listing(db_path.parent) == before  # same bytes, no -wal/-shm left behind
+
+
+def test_read_only_open_refuses_an_empty_file_without_initialising_it(db_path: Path):
+    db_path.write_bytes(b"")
+    with pytest.raises(DatabaseError, match="empty"):
+        Database(db_path, create=False)
+    assert db_path.read_bytes() == b""
+    assert _listing(db_path.parent) == {db_path.name: b""}
+
+
+def test_read_only_open_refuses_a_foreign_database_untouched(db_path: Path):
+    conn = sqlite3.connect(db_path)
+    conn.execute("CREATE TABLE t (x)")
+    conn.commit()
+    conn.close()
+    before = _listing(db_path.parent)
+    with pytest.raises(DatabaseError, match="does not belong to ansor"):
+        Database(db_path, create=False)
+    assert _listing(db_path.parent) == before
+
+
+# ---------------------------------------------------------------- stored computations
+
+
+def test_a_description_gains_the_computation_but_is_never_replaced_otherwise(db: Database):
+    db.add_workload(WK, {"name": "old"})
+    db.add_workload(WK, {"name": "new", "computation": {"format": "x"}})
+    assert db.workload(WK)["description"] == {"name": "new", "computation": {"format": "x"}}
+    db.add_workload(WK, {"name": "newer", "computation": {"format": "y"}})
+    db.add_workload(WK, {"name": "newest"})
+    assert db.workload(WK)["description"]["name"] == "new"
+
+
+def test_summary_gives_the_runs_of_the_best_program(db: Database):
+    db.add_records([rec("s1", costs=(3e-3,)), rec("s2", costs=(2e-3,)), rec("s2", costs=(1e-3, 4e-3), ts=2.0)])
+    (row,) = db.summary()
+    assert row["best_cost"] == pytest.approx(2e-3)
+    assert sorted(row["best_runs"]) == pytest.approx([1e-3, 2e-3, 4e-3])

@@ -40,6 +40,58 @@ def time_callable(fn: Callable[[], object], repeat: int = 5, min_repeat_s: float
     return Timing(med, (max(costs) - min(costs)) / med if med > 0 else 0.0)
 
 
+def _calls_per_repeat(fn: Callable[[], object], min_repeat_s: float) -> int:
+    """Calls that last at least `min_repeat_s` (after one warm-up call)."""
+    fn()
+    number = 1
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        if time.perf_counter() - t0 >= min_repeat_s or number >= 1 << 20:
+            return number
+        number *= 2
+
+
+def time_in_turns(fns: dict[str, Callable[[], object]], rounds: int = 7,
+                  min_repeat_s: float = 0.05) -> dict[str, Timing]:
+    """Median seconds per call of each callable, timed in turns: every round times each one
+    once, so a quiet or a busy moment of the machine falls on all of them alike. Use it for
+    any verdict of one implementation against another."""
+    numbers = {name: _calls_per_repeat(fn, min_repeat_s) for name, fn in fns.items()}
+    costs: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            number = numbers[name]
+            t0 = time.perf_counter()
+            for _ in range(number):
+                fn()
+            costs[name].append((time.perf_counter() - t0) / number)
+    out = {}
+    for name, runs in costs.items():
+        med = statistics.median(runs)
+        out[name] = Timing(med, (max(runs) - min(runs)) / med if med > 0 else 0.0)
+    return out
+
+
+def torch_callable(fn: Callable, options: dict, inputs: Sequence[np.ndarray],
+                   compiled: bool = False) -> Callable[[], object] | None:
+    """A no-argument callable running PyTorch (eager, or torch.compile'd) on the inputs;
+    None without torch."""
+    if not torch_available():
+        return None
+    import torch
+
+    tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
+    run = _compiled(fn, options) if compiled else (lambda *xs: fn(options, *xs))
+
+    def call():
+        with torch.no_grad():
+            return run(*tensors)
+
+    return call
+
+
 def time_numpy(fn: Callable[..., np.ndarray], inputs: Sequence[np.ndarray]) -> Timing:
     return time_callable(lambda: fn(*inputs))
 

@@ -23,14 +23,26 @@ examples:
 """
 
 
+DATABASE_HELP = "records database (default: $ANSOR_DB, else ansor.db in the user cache directory)"
+
+
 def _shape(text: str) -> tuple[int, ...]:
-    try:
-        dims = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--shape takes comma-separated integers, got {text!r}") from None
-    if not dims or any(d <= 0 for d in dims):
-        raise argparse.ArgumentTypeError(f"--shape needs positive integers, got {text!r}")
-    return dims
+    fields = text.split(",") if "," in text else text.split("x")  # 64,64,64 or 64x64x64
+    dims = []
+    for pos, field in enumerate(fields, start=1):
+        field = field.strip()
+        if not field:
+            raise argparse.ArgumentTypeError(f"--shape {text!r}: field {pos} is empty; give comma-separated "
+                                             f"positive integers, e.g. 64,64,64")
+        try:
+            n = int(field)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--shape {text!r}: {field!r} is not an integer") from None
+        if n <= 0:
+            raise argparse.ArgumentTypeError(f"--shape {text!r}: dimension {pos} is {n}; dimensions must be "
+                                             f"positive")
+        dims.append(n)
+    return tuple(dims)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,32 +54,40 @@ def build_parser() -> argparse.ArgumentParser:
     tune = sub.add_parser("tune", help="search for a fast kernel of a named workload",
                           description="Tune a named workload, then compare the best kernel with numpy "
                                       "(and PyTorch when installed), measured in the same run.")
-    tune.add_argument("workload", help="a workload name (see `ansor workloads`)")
-    tune.add_argument("--shape", type=_shape, help="the workload's dimensions, e.g. 1024,1024,1024")
-    tune.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    tune.add_argument("--trials", type=int, default=64, help="programs to measure (default 64)")
-    tune.add_argument("--database", help="records database (default: $ANSOR_DB or the user cache)")
-    tune.add_argument("--seed", type=int, default=None, help="random seed of the search")
+    _workload_args(tune)
+    tune.add_argument("--trials", type=int, default=64,
+                      help="programs to measure in this run, on top of those already in the database "
+                           "(default 64)")
+    tune.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                      help="stop searching after this many seconds even if --trials are not reached "
+                           "(default: no limit)")
+    tune.add_argument("--database", help=DATABASE_HELP)
+    tune.add_argument("--seed", type=int, default=None,
+                      help="random seed of the search (default: none, a different search each run)")
     tune.add_argument("--policy", default="sketch.xgb",
-                      help="search policy: sketch.xgb (default: evolution guided by the learned cost "
+                      help="search policy: sketch.xgb (the default: evolution guided by the learned cost "
                            "model), sketch.random (random sampling of the sketches) or basic")
-    tune.add_argument("--timeout", type=float, default=10.0, help="seconds before a kernel counts as hung")
-    tune.add_argument("--per-round", type=int, default=64, help="programs measured per round")
+    tune.add_argument("--timeout", type=float, default=10.0,
+                      help="seconds before a kernel counts as hung (default 10)")
+    tune.add_argument("--per-round", type=int, default=64, help="programs measured per round (default 64)")
     tune.add_argument("--transfer-programs", type=int, default=TUNE_DEFAULTS["transfer_programs"],
                       help="measured programs of the database's other workloads the cost model starts "
-                           "from (0: learn from this workload alone)")
-    tune.add_argument("--stride", type=int, default=None)
-    tune.add_argument("--padding", type=int, default=None)
-    tune.add_argument("--dilation", type=int, default=None)
-    tune.add_argument("--groups", type=int, default=None)
-    tune.add_argument("--no-baseline", action="store_true", help="skip the numpy/PyTorch comparison")
-    tune.add_argument("--quiet", action="store_true", help="no progress bar")
-    tune.add_argument("--plot", metavar="PNG", help="save the tuning curve (best GFLOP/s vs trials) here")
+                           f"from; 0: learn from this workload alone (default {TUNE_DEFAULTS['transfer_programs']})")
+    tune.add_argument("--no-baseline", action="store_true",
+                      help="skip the numpy/PyTorch comparison (default: compare)")
+    tune.add_argument("--quiet", action="store_true", help="no progress bar (default: show it)")
+    tune.add_argument("--plot", metavar="PNG",
+                      help="save the tuning curve (best GFLOP/s vs trials) here (default: no plot)")
 
-    show = sub.add_parser("show", help="records in the database: best per workload and target")
-    show.add_argument("--database", help="records database (default: $ANSOR_DB or the user cache)")
-    show.add_argument("--workload", help="only workload keys starting with this")
-    show.add_argument("--schedule", action="store_true", help="print the best program's loop nest")
+    show = sub.add_parser("show", help="records in the database: best per workload and target",
+                          description="The best program of each workload and target in a database: the "
+                                      "median of its runs, their spread and the number of records.")
+    show.add_argument("--database", help=DATABASE_HELP)
+    show.add_argument("--workload", metavar="TEXT",
+                      help="only workloads whose name contains TEXT (case-insensitive, e.g. 'matmul 1024') "
+                           "or whose key starts with it (default: all)")
+    show.add_argument("--schedule", action="store_true",
+                      help="also print each best program's loop nest (default: off)")
 
     sub.add_parser("workloads", help="list the named workloads and the meaning of --shape")
 
@@ -78,41 +98,50 @@ def build_parser() -> argparse.ArgumentParser:
     sa = sub.add_parser("sample", help="print randomly annotated complete programs and their C")
     _workload_args(sa)
     sa.add_argument("-n", type=int, default=3, help="how many programs (default 3)")
-    sa.add_argument("--seed", type=int, default=0)
-    sa.add_argument("--no-source", action="store_true", help="loop nests only, no C")
+    sa.add_argument("--seed", type=int, default=0, help="random seed of the sampling (default 0)")
+    sa.add_argument("--no-source", action="store_true", help="loop nests only, no C (default: print the C)")
 
     cm = sub.add_parser("costmodel", help="cost-model quality on the records of a database")
     cm_sub = cm.add_subparsers(dest="cm_command", metavar="ACTION")
     ev = cm_sub.add_parser("eval", help="train on a split of the records, report ranking quality on the rest",
                            description="Replays every record of the database for this machine's target, "
-                                       "extracts program features, trains the XGBoost cost model on 80%% of "
+                                       "extracts program features, trains the XGBoost cost model on 80% of "
                                        "the programs and reports pairwise ranking accuracy, top-k recall and "
-                                       "R^2 on the held-out 20%%.")
-    ev.add_argument("--database", help="records database (default: $ANSOR_DB or the user cache)")
-    ev.add_argument("--test-fraction", type=float, default=0.2)
-    ev.add_argument("--seed", type=int, default=0)
+                                       "R^2 on the held-out 20%.")
+    ev.add_argument("--database", help=DATABASE_HELP)
+    ev.add_argument("--test-fraction", type=float, default=0.2,
+                    help="share of the programs held out for scoring (default 0.2)")
+    ev.add_argument("--seed", type=int, default=0, help="random seed of the split and the model (default 0)")
 
     exp = sub.add_parser("export", help="write records as JSON lines")
-    exp.add_argument("path")
-    exp.add_argument("--database")
+    exp.add_argument("path", help="the JSON-lines file to write (replaced if it exists)")
+    exp.add_argument("--database", help=DATABASE_HELP)
     imp = sub.add_parser("import", help="read records from JSON lines (skipping ones already present)")
-    imp.add_argument("path")
-    imp.add_argument("--database")
+    imp.add_argument("path", help="a JSON-lines file written by `ansor export`")
+    imp.add_argument("--database", help=DATABASE_HELP + "; created if missing")
     return parser
+
+
+WORKLOAD_OPTIONS = ("stride", "padding", "dilation", "groups")
 
 
 def _workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("workload", help="a workload name (see `ansor workloads`)")
-    p.add_argument("--shape", type=_shape, help="the workload's dimensions")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    for opt in ("stride", "padding", "dilation", "groups"):
-        p.add_argument(f"--{opt}", type=int, default=None)
+    p.add_argument("--shape", type=_shape,
+                   help="the workload's dimensions, e.g. 1024,1024,1024 (default: the workload's default "
+                        "shape, see `ansor workloads`)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                   help="element type (default float32)")
+    for opt in WORKLOAD_OPTIONS:
+        p.add_argument(f"--{opt}", type=int, default=None,
+                       help=f"{opt} of the workloads that take it (default: the workload's own, see "
+                            f"`ansor workloads`)")
 
 
 def _task_from_args(args):
     from ansor.workloads import make_task
 
-    opts = {k: getattr(args, k) for k in ("stride", "padding", "dilation", "groups")}
+    opts = {k: getattr(args, k) for k in WORKLOAD_OPTIONS}
     return make_task(args.workload, args.shape, args.dtype, **opts)
 
 
@@ -124,10 +153,11 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_joined_negative_shapes(sys.argv[1:] if argv is None else argv))
     if args.command is None:
-        parser.print_help()
-        return 0
+        parser.print_usage(sys.stderr)
+        print("ansor: error: give a command; `ansor --help` lists them", file=sys.stderr)
+        return 2
     from ansor.database import DatabaseError
     from ansor.schedule.state import ScheduleError
 
@@ -140,6 +170,20 @@ def main(argv: list[str] | None = None) -> int:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"ansor: error: {message}", file=sys.stderr)
         return 2
+
+
+def _joined_negative_shapes(argv: list[str]) -> list[str]:
+    """`--shape -4,64,64` as `--shape=-4,64,64`: argparse would take the value for an option
+    and answer "expected one argument" instead of saying what is wrong with the shape."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--shape" and i + 1 < len(argv) and argv[i + 1][:1] == "-" and argv[i + 1][1:2].isdigit():
+            out.append(f"--shape={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
 
 
 def cmd_workloads(args) -> int:
@@ -199,23 +243,48 @@ def cmd_sample(args) -> int:
 
 def cmd_tune(args) -> int:
     import ansor
-    from ansor.baselines import time_numpy, time_torch
-    from ansor.report import comparison_table, console
-    from ansor.workloads import WORKLOADS, workload_options
+    from ansor.interrupts import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, terminate_as_interrupt
+    from ansor.report import console
 
-    opts = {k: getattr(args, k) for k in ("stride", "padding", "dilation", "groups")}
     task = _task_from_args(args)
     if args.trials < 0:
         raise ValueError("--trials must be >= 0")
+    if args.time_budget is not None and args.time_budget <= 0:
+        raise ValueError("--time-budget must be a positive number of seconds")
     db_path = args.database or str(ansor.default_database_path())
     console.print(f"[bold]ansor[/] tuning [cyan]{args.workload}[/] {list(task.outputs[0].shape)} "
                   f"({task.flop / 1e9:.3f} GFLOP) on {task.target.key}; records: {db_path}")
-    result = ansor.tune(task, trials=args.trials, database=db_path, seed=args.seed, policy=args.policy,
-                        timeout=args.timeout, measures_per_round=args.per_round, progress=not args.quiet,
-                        transfer_programs=args.transfer_programs)
-    console.print(f"measured {result.trials} programs in {result.seconds:.1f} s "
-                  f"({result.errors} errors): search {result.search_seconds:.1f} s, measurement "
-                  f"{result.measure_seconds:.1f} s, cost model {result.model_seconds:.1f} s")
+    result = None
+    try:
+        with terminate_as_interrupt():
+            result = ansor.tune(task, trials=args.trials, database=db_path, seed=args.seed, policy=args.policy,
+                                timeout=args.timeout, measures_per_round=args.per_round, progress=not args.quiet,
+                                transfer_programs=args.transfer_programs, time_budget=args.time_budget)
+            return _tune_report(args, task, result, db_path)
+    except KeyboardInterrupt as exc:
+        partial = getattr(exc, "results", None)
+        measured = result.trials if result is not None else (partial[0].trials if partial else 0)
+        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        print(f"ansor: {what}; the {measured} programs this run measured are kept in {db_path} "
+              f"(the same command continues from them)", file=sys.stderr)
+        return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
+
+
+def _tune_report(args, task, result, db_path: str) -> int:
+    """After tuning: the best kernel built from the database, checked, and timed in turns
+    against numpy and PyTorch."""
+    import ansor
+    from ansor.baselines import time_in_turns, torch_callable
+    from ansor.measure import aligned_empty, check_outputs
+    from ansor.report import best_text, comparison_table, console, error_summary
+    from ansor.workloads import WORKLOADS, workload_options
+
+    errors = f"; {error_summary(result.error_counts, args.timeout)}" if result.errors else ""
+    console.print(f"measured {result.trials} programs in {result.seconds:.1f} s{errors}: search "
+                  f"{result.search_seconds:.1f} s, measurement {result.measure_seconds:.1f} s, cost model "
+                  f"{result.model_seconds:.1f} s")
+    if result.best_cost < math.inf:
+        console.print(f"best in the database: {best_text(result)}")
     if args.plot and result.curve:
         from ansor.report import plot_curves
 
@@ -225,26 +294,36 @@ def cmd_tune(args) -> int:
     inputs = task.random_inputs(seed=1)
     out = kernel(*inputs)
     outs = out if isinstance(out, tuple) else (out,)
-    from ansor.measure import check_outputs
-
     problem = check_outputs(list(outs), task.reference_outputs(inputs))
     if problem:
         console.print(f"[red]the built kernel disagrees with the reference: {problem}[/]")
         return 1
-    rows = [("ansor (best record)", kernel.time(*inputs), "checked against numpy reference"
-             + (f"; {', '.join(kernel.constant_inputs)} packed ahead of the calls" if kernel.packs_ahead else ""))]
-    if kernel.packs_ahead:
-        rows.append(("ansor, packing in every call", kernel.time(*inputs, include_prepack=True), "kernel(...) without bind()"))
+    out_buffers = [aligned_empty(t.shape, t.dtype) for t in task.outputs]
+    constants = {t.name: a for t, a in zip(task.inputs, inputs) if t.op.constant}
+    others = [a for t, a in zip(task.inputs, inputs) if not t.op.constant]
+    bound = kernel.bind(**constants) if kernel.packs_ahead else None
+    fns = {"ansor": (lambda: bound(*others, out=out_buffers)) if bound is not None
+           else (lambda: kernel(*inputs, out=out_buffers))}
+    notes = {"ansor": "checked against numpy reference"
+             + (f"; {', '.join(kernel.constant_inputs)} packed ahead of the calls" if bound is not None else "")}
+    if bound is not None:
+        fns["ansor, packing in every call"] = lambda: kernel(*inputs, out=out_buffers)
+        notes["ansor, packing in every call"] = "kernel(...) without bind()"
     w = WORKLOADS[args.workload]
     if not args.no_baseline:
         if w.numpy_fn is not None:
-            t = time_numpy(w.numpy_fn, inputs)
-            rows.append(("numpy", t.median, f"spread {t.spread:.0%}"))
+            fns["numpy"] = lambda: w.numpy_fn(*inputs)
         if w.torch_fn is not None:
-            t = time_torch(w.torch_fn, workload_options(args.workload, args.shape, **opts), inputs)
-            if t is not None:
-                rows.append(("PyTorch eager", t.median, f"spread {t.spread:.0%}"))
-    console.print(comparison_table(f"{args.workload} {list(task.outputs[0].shape)}", task.flop, rows))
+            opts = {k: getattr(args, k) for k in ("stride", "padding", "dilation", "groups")}
+            torch_fn = torch_callable(w.torch_fn, workload_options(args.workload, args.shape, **opts), inputs)
+            if torch_fn is not None:
+                fns["PyTorch eager"] = torch_fn
+    rounds = 7
+    timings = time_in_turns(fns, rounds=rounds)
+    rows = [(name, t.median, "; ".join(filter(None, [notes.get(name, ""), f"spread {t.spread:.0%}"])))
+            for name, t in timings.items()]
+    console.print(comparison_table(f"{args.workload} {list(task.outputs[0].shape)}, timed in turns "
+                                   f"({rounds} rounds, medians)", task.flop, rows))
     if args.trials and result.best_cost == math.inf:
         console.print("[yellow]no program ran successfully; the kernel above is the untuned default[/]")
     return 0
@@ -254,11 +333,18 @@ def cmd_show(args) -> int:
     import ansor
     from ansor.database import Database
     from ansor.report import console, summary_table
+    from ansor.workloads import workload_label
 
     path = args.database or str(ansor.default_database_path())
-    with Database(path) as db:
-        rows = [r for r in db.summary() if not args.workload or r["workload_key"].startswith(args.workload)]
+    with Database(path, create=False) as db:
+        summary = db.summary()
+        rows = [r for r in summary if not args.workload or _matches(args.workload, r)]
         if not rows:
+            if args.workload:
+                n = len({r["workload_key"] for r in summary})
+                print(f"ansor: no workload matches {args.workload!r} ({n} workload{'' if n == 1 else 's'} "
+                      f"in {path})", file=sys.stderr)
+                return 1
             console.print(f"no records in {path}")
             return 0
         console.print(summary_table(rows))
@@ -266,27 +352,29 @@ def cmd_show(args) -> int:
             for r in rows:
                 best = db.best(r["workload_key"], r["target_key"])
                 if best:
-                    console.print(f"\n[bold]{r['workload_key']}[/] on {r['target_key']}: "
-                                  f"{len(best[0].steps)} steps")
-                    console.print(_replay_text(r, best[0]), markup=False, highlight=False)
+                    console.print(f"\n[bold]{workload_label(r['workload'])}[/] ({r['workload_key']}) on "
+                                  f"{r['target_key']}: {len(best[0].steps)} steps")
+                    console.print(_schedule_text(db, best[0]), markup=False, highlight=False)
     return 0
 
 
-def _replay_text(row: dict, record) -> str:
-    """The best program's loop nest when its workload can be rebuilt (named workloads), else
-    its steps."""
-    from ansor.lower.lower import schedule_text
-    from ansor.schedule.state import ScheduleError, State
-    from ansor.schedule.steps import steps_from_json
-    from ansor.workloads import dag_from_description
+def _matches(text: str, row: dict) -> bool:
+    """A workload filter: part of the readable name (any case) or the start of the key."""
+    from ansor.workloads import workload_label
 
-    dag = dag_from_description(row.get("workload") or {})
-    if dag is not None and dag.workload_key == row["workload_key"]:
-        try:
-            return schedule_text(State.replay(dag, steps_from_json(record.steps)))
-        except ScheduleError:
-            pass
-    return "\n".join(f"  {step}" for step in record.steps)
+    return row["workload_key"].startswith(text) or text.lower() in workload_label(row["workload"]).lower()
+
+
+def _schedule_text(db, record) -> str:
+    """A record's loop nest; its raw steps, with the reason, when it cannot be replayed."""
+    from ansor.lower.lower import schedule_text
+    from ansor.replay import ReplayError, replay, workload_dag
+
+    try:
+        return schedule_text(replay(record, workload_dag(db, record.workload_key)))
+    except ReplayError as exc:
+        steps = "\n".join(f"  {step}" for step in record.steps)
+        return f"(no loop nest: {exc}; its steps:)\n{steps}"
 
 
 def cmd_costmodel(args) -> int:
@@ -299,10 +387,11 @@ def cmd_costmodel(args) -> int:
     if args.cm_command != "eval":
         raise ValueError("usage: ansor costmodel eval [--database PATH]")
     path = args.database or str(ansor.default_database_path())
-    with Database(path) as db:
+    with Database(path, create=False) as db:
         data = load_dataset(db, ansor.Target.host().key)
     if len(data.costs) < 10:
-        raise ValueError(f"{path} holds only {len(data.costs)} replayable records for this target; tune first")
+        raise ValueError(f"{path} holds only {len(data.costs)} replayable programs for this target "
+                         f"({data.skipped} records could not be replayed); the evaluation needs 10, tune first")
     metrics = evaluate_split(data.features, data.costs, data.groups, test_fraction=args.test_fraction,
                              seed=args.seed)
     console.print(f"{len(data.costs)} programs of {len(set(data.groups))} workloads from {path} "
@@ -316,7 +405,7 @@ def cmd_export(args) -> int:
     import ansor
     from ansor.database import Database
 
-    with Database(args.database or ansor.default_database_path()) as db:
+    with Database(args.database or ansor.default_database_path(), create=False) as db:
         n = db.export_jsonl(args.path)
     print(f"exported {n} records to {args.path}")
     return 0

@@ -9,9 +9,13 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ansor.te import expr as E
+from ansor.te.serialize import COMPUTATION_FORMAT_VERSION, tensors_from_data, tensors_to_data
 from ansor.te.tensor import ComputeOp, PlaceholderOp, Tensor
 
 WORKLOAD_KEY_VERSION = 1
+
+#: The "format" field of `ComputeDAG.to_data`.
+COMPUTATION_FORMAT = "ansor.computation"
 
 
 @dataclass
@@ -196,6 +200,63 @@ class ComputeDAG:
             "stages": [self.names[i] for i in range(len(self.tensors))],
             "flop": self.flop,
         }
+
+    def to_data(self) -> dict:
+        """The whole computation as JSON data, names included: `from_data` rebuilds it in any
+        process, so records of a computation declared in a script replay without the script."""
+        position = {id(t): i for i, t in enumerate(self.tensors)}
+        return {
+            "format": COMPUTATION_FORMAT,
+            "version": COMPUTATION_FORMAT_VERSION,
+            "tensors": tensors_to_data(self.tensors),
+            "inputs": [position[id(t)] for t in self.inputs],
+            "outputs": [position[id(t)] for t in self.outputs],
+            "workload_key": self.workload_key,
+        }
+
+    @classmethod
+    def from_data(cls, data: dict) -> "ComputeDAG":
+        """Rebuild a DAG from `to_data`; data from a file is trusted in nothing, so anything
+        malformed, or a rebuilt computation whose workload key differs from the stored one, is a
+        ValueError."""
+        if not isinstance(data, dict):
+            raise ValueError(f"computation data must be an object, got {type(data).__name__}")
+        if data.get("format") != COMPUTATION_FORMAT:
+            raise ValueError(f"not computation data (format {data.get('format')!r}, "
+                             f"expected {COMPUTATION_FORMAT!r})")
+        if data.get("version") != COMPUTATION_FORMAT_VERSION:
+            raise ValueError(f"computation data of version {data.get('version')!r}; this ansor reads "
+                             f"version {COMPUTATION_FORMAT_VERSION}")
+        unknown = sorted(set(data) - {"format", "version", "tensors", "inputs", "outputs", "workload_key"})
+        if unknown:
+            raise ValueError(f"computation data: unknown field(s) {', '.join(unknown)}")
+        tensors = tensors_from_data(data.get("tensors"))
+        io = []
+        for role in ("inputs", "outputs"):
+            refs = data.get(role)
+            if not isinstance(refs, list):
+                raise ValueError(f"computation data: {role!r} must be a list of tensor positions")
+            for k in refs:
+                if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < len(tensors):
+                    raise ValueError(f"computation data: {role!r} refers to tensor {k!r}, but there are "
+                                     f"{len(tensors)} tensors")
+                io.append(tensors[k])
+        if len({id(t) for t in io}) != len(io):
+            raise ValueError("computation data: a tensor is listed twice among the inputs and outputs")
+        try:
+            dag = cls(io)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"computation data: {exc}") from None
+        except RecursionError:  # the workload key walks the bodies recursively
+            raise ValueError("computation data: an expression is nested too deeply") from None
+        if len(dag.tensors) != len(tensors) or any(a is not b for a, b in zip(dag.tensors, tensors)):
+            raise ValueError("computation data: the tensors are not in the order the outputs reach them "
+                             "(or some are not used by any output)")
+        stored = data.get("workload_key")
+        if stored is not None and stored != dag.workload_key:
+            raise ValueError(f"computation data: the rebuilt computation has workload key {dag.workload_key}, "
+                             f"not the stored {stored}")
+        return dag
 
     def __repr__(self) -> str:
         from ansor.te.printer import expr_to_str

@@ -15,6 +15,12 @@ with the schema version. Opening refuses anything else -- a file that is not
 SQLite, another application's database, or a schema newer than this code --
 with a :class:`DatabaseError` rather than writing into it.
 
+A workload's description (JSON) names its inputs and outputs and holds the
+whole computation (``"computation"``, see :meth:`ansor.dag.ComputeDAG.to_data`),
+so its records can be replayed by a process that never saw the declaration
+(``ansor.replay.workload_dag``). Descriptions written by older versions lack it;
+those of named workloads are rebuilt from their ``"spec"``.
+
 JSONL interchange (:meth:`Database.export_jsonl` / :meth:`Database.import_jsonl`)
 writes one JSON object per line, in this order:
 
@@ -35,6 +41,7 @@ import os
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -302,13 +309,24 @@ class Database:
     A single object may also be shared between threads.
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str] | None = None, create: bool = True) -> None:
+        """Open (and with `create`, make if missing) the database at `path`. `create=False`
+        opens an existing ansor database read-only: nothing is created, and nothing is
+        written, not even the schema, so commands that only look never leave a file behind."""
         self.path: Path | str = default_database_path() if path is None else path
         self._memory = str(self.path) == ":memory:"
         if not self._memory:
             self.path = Path(self.path)
+        self.read_only = not create
+        if self.read_only and self._memory:
+            raise DatabaseError(":memory: cannot be opened read-only: it would always be empty")
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = self._open()
+
+    @classmethod
+    def open_existing(cls, path: str | os.PathLike[str] | None = None) -> Database:
+        """An existing database, read-only (see `create=False`)."""
+        return cls(path, create=False)
 
     # ------------------------------------------------------------------ opening
 
@@ -316,6 +334,8 @@ class Database:
         return DatabaseError(f"{self.path}: {what}")
 
     def _open(self) -> sqlite3.Connection:
+        if self.read_only:
+            return self._open_read_only()
         if not self._memory:
             assert isinstance(self.path, Path)
             self._check_header(self.path)
@@ -331,6 +351,50 @@ class Database:
             raise self._fail(f"cannot open database: {exc}") from None
         try:
             self._prepare(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        """A connection that cannot create the file or write into it.
+
+        SQLite's read-only mode leaves the -wal and -shm files of a WAL database behind when it
+        closes; a read-write connection that may not create the file, with every write refused
+        (``query_only``), cleans them up like any reader, so it is preferred where the file is
+        writable.
+        """
+        assert isinstance(self.path, Path)
+        if not self.path.exists():
+            where = "no such file" if self.path.parent.is_dir() else f"no such directory {self.path.parent}"
+            raise self._fail(f"no records database here ({where})")
+        self._check_header(self.path)
+        uri = "file:" + urllib.parse.quote(str(self.path.resolve()))
+        conn = None
+        for mode in ("rw", "ro"):
+            try:
+                conn = sqlite3.connect(f"{uri}?mode={mode}", uri=True, timeout=_BUSY_TIMEOUT_S,
+                                       isolation_level=None, check_same_thread=False)
+                conn.execute("PRAGMA query_only = ON")
+                break
+            except sqlite3.Error as exc:
+                if conn is not None:
+                    conn.close()
+                    conn = None
+                error = exc
+        if conn is None:
+            raise self._fail(f"cannot open database: {error}")
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
+            state = self._classify(conn)
+            if state == "blank":
+                raise self._fail("is empty: not an ansor records database yet")
+            if state == "foreign":
+                raise self._fail("is an SQLite database that does not belong to ansor (no ansor application_id)")
+            self._check_schema_version(conn)
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise self._fail(f"cannot use database: {exc}") from None
         except BaseException:
             conn.close()
             raise
@@ -431,6 +495,8 @@ class Database:
             conn = self._conn
             if conn is None:
                 raise DatabaseError(f"{self.path}: database is closed")
+            if write and self.read_only:
+                raise self._fail(f"{what}: the database was opened read-only")
             try:
                 conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 try:
@@ -501,13 +567,10 @@ class Database:
     # ------------------------------------------------------- workloads/targets
 
     def add_workload(self, key: str, description: dict, flop: float = 0.0) -> None:
-        """Register a workload; an existing key is left as it is (keys identify content)."""
-        desc = _dumps(description)
+        """Register a workload. An existing key is left as it is (keys identify content), except
+        that a description without the computation (written by an older ansor) gains it."""
         with self._cursor("add_workload", write=True) as conn:
-            conn.execute(
-                "INSERT OR IGNORE INTO workloads (key, description, flop, created) VALUES (?, ?, ?, ?)",
-                (key, desc, float(flop), time.time()),
-            )
+            _upsert_workloads(conn, [(key, _dumps(description), float(flop), time.time())])
 
     def add_target(self, key: str, description: dict) -> None:
         """Register a target; an existing key is left as it is."""
@@ -617,7 +680,8 @@ class Database:
         """One row per (workload_key, target_key) that has records, sorted by keys.
 
         Each dict has ``workload_key``, ``target_key``, ``n_records``,
-        ``n_ok``, ``best_cost`` (seconds, None without an ok record),
+        ``n_ok``, ``best_cost`` (seconds, None without an ok record; the median of the best
+        program's runs), ``best_runs`` (the seconds of each of those runs; empty without one),
         ``workload`` (description dict or None if unregistered), ``flop``,
         ``best_gflops`` (None unless both flop and best_cost are known) and
         ``target`` (description dict or None).
@@ -635,8 +699,10 @@ class Database:
         out = []
         for wk, tk, n, n_ok, best_cost, wdesc, flop, tdesc in rows:
             flop = float(flop) if flop is not None else 0.0
+            best_runs: tuple[float, ...] = ()
             if best_cost is not None:  # the best program as `best` ranks them (pooled re-measurements)
-                best_cost = self.best(wk, tk)[0].median_cost
+                best = self.best(wk, tk)[0]
+                best_cost, best_runs = best.median_cost, best.costs
             out.append(
                 {
                     "workload_key": wk,
@@ -644,6 +710,7 @@ class Database:
                     "n_records": int(n),
                     "n_ok": int(n_ok),
                     "best_cost": best_cost,
+                    "best_runs": best_runs,
                     "workload": json.loads(wdesc) if wdesc is not None else None,
                     "flop": flop,
                     "best_gflops": flop / best_cost / 1e9 if flop > 0 and best_cost else None,
@@ -696,10 +763,7 @@ class Database:
         workloads, targets, records = _parse_jsonl(path)
         inserted = 0
         with self._cursor("import_jsonl", write=True) as conn:
-            conn.executemany(
-                "INSERT OR IGNORE INTO workloads (key, description, flop, created) VALUES (?, ?, ?, ?)",
-                workloads,
-            )
+            _upsert_workloads(conn, workloads)
             conn.executemany("INSERT OR IGNORE INTO targets (key, description) VALUES (?, ?)", targets)
             for rec in records:
                 dup = conn.execute(
@@ -737,6 +801,26 @@ class Database:
     def __repr__(self) -> str:
         state = "closed" if self._conn is None else "open"
         return f"Database({str(self.path)!r}, {state})"
+
+
+def _upsert_workloads(conn: sqlite3.Connection, rows: Iterable[tuple]) -> None:
+    """Insert (key, description, flop, created) rows; where the key exists, only a stored
+    description that lacks the computation is replaced by one that has it."""
+    for key, desc, flop, created in rows:
+        found = conn.execute("SELECT description FROM workloads WHERE key = ?", (key,)).fetchone()
+        if found is None:
+            conn.execute("INSERT INTO workloads (key, description, flop, created) VALUES (?, ?, ?, ?)",
+                         (key, desc, flop, created))
+        elif "computation" in json.loads(desc) and "computation" not in _loads_object(found[0]):
+            conn.execute("UPDATE workloads SET description = ? WHERE key = ?", (desc, key))
+
+
+def _loads_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _parse_jsonl(path: str | os.PathLike[str]) -> tuple[list[tuple], list[tuple], list[Record]]:

@@ -13,8 +13,8 @@ from ansor.database import Database, Record
 from ansor.measure import (Builder, KernelLibrary, MeasureErrorNo, TimingPolicy, aligned_copy, aligned_empty,
                            time_function)
 from ansor.measure.timing import measure_costs
-from ansor.schedule.state import ScheduleError, State
-from ansor.schedule.steps import steps_from_json
+from ansor.replay import replay_records
+from ansor.schedule.state import State
 from ansor.task import Task
 
 
@@ -194,12 +194,8 @@ def build(task: Task, database: Database | str | None = None, state: State | Non
         return compile_state(task, state)
     db, owned = open_database(database)
     try:
-        for rec in db.best(task.workload_key, task.target.key, k=5):
-            try:
-                st = State.replay(task.dag, steps_from_json(rec.steps))
-            except ScheduleError:
-                continue  # a record this version cannot replay; try the next best
-            return compile_state(task, st, rec)
+        for rec, st in replay_records(db.best(task.workload_key, task.target.key, k=5), task.dag):
+            return compile_state(task, st, rec)  # the best record this version can replay
     finally:
         if owned:
             db.close()

@@ -1,8 +1,11 @@
-"""ProgramMeasurer: turn candidate States into measured, checked records.
+"""ProgramMeasurer: turn candidate programs into measured, checked results.
 
 Lowering and code generation happen here (an error there is an instantiation error record);
 compilation runs in parallel through the Builder; every kernel runs in the Runner's isolated
 worker, is checked against the task's reference outputs, and only then timed.
+
+The measurer keeps nothing: each result goes to the caller's `on_result` as soon as it exists
+(the tuner's callbacks write it to the database), so an interrupted batch loses no measurement.
 """
 
 from __future__ import annotations
@@ -10,10 +13,10 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ansor.codegen import generate_source
-from ansor.database import Database, Record
+from ansor.database import Record
 from ansor.measure import Builder, MeasureErrorNo, Runner, TimingPolicy
 from ansor.schedule.state import State
 from ansor.task import Task
@@ -21,6 +24,8 @@ from ansor.task import Task
 
 @dataclass(frozen=True)
 class MeasureResult:
+    """A program and the record of its measurement."""
+
     state: State
     record: Record
 
@@ -30,36 +35,36 @@ class MeasureResult:
 
     @property
     def cost(self) -> float:
+        """Median seconds; math.inf for a failed measurement."""
         return self.record.median_cost
 
 
 ONE_REPEAT_FACTOR = 3.0  # a program this many times slower than the task's best is timed once
 
+#: The phases a batch goes through, as reported to `on_phase`.
+PHASE_COMPILING = "compiling"
+PHASE_MEASURING = "measuring"
+
 
 class ProgramMeasurer:
-    """Measures batches of programs of one task; records go to the database per batch.
+    """Measures batches of programs of one task.
 
     Repeats go where they decide something: a program `one_repeat_factor` times slower than
-    the best checked so far gets one timed repeat instead of the policy's (0: always all)."""
+    the best checked so far gets one timed repeat instead of the policy's (0: always all).
+    `best_cost` starts at the caller's known best (a resumed job's database best)."""
 
-    def __init__(self, task: Task, database: Database | None = None, builder: Builder | None = None,
-                 runner: Runner | None = None, timeout: float = 10.0, timing: TimingPolicy | None = None,
-                 seed: int = 0, one_repeat_factor: float = ONE_REPEAT_FACTOR):
+    def __init__(self, task: Task, builder: Builder | None = None, runner: Runner | None = None,
+                 timeout: float = 10.0, timing: TimingPolicy | None = None, seed: int = 0,
+                 one_repeat_factor: float = ONE_REPEAT_FACTOR, best_cost: float = math.inf):
         self.task = task
         self.one_repeat_factor = one_repeat_factor
-        self.best_cost = math.inf  # seconds; the fastest checked program of this task so far
-        self.database = database
+        self.best_cost = best_cost  # seconds; the fastest checked program of this task so far
         self.builder = builder or Builder()
         self.runner = runner or Runner(timeout=timeout, timing=timing or TimingPolicy())
         self._owns_runner = runner is None
         self.seed = seed
         self._task_set = False
-        if database is not None:
-            database.add_workload(task.workload_key, task.describe(), task.flop)
-            database.add_target(task.target.key, task.target.describe())
-            best = database.best(task.workload_key, task.target.key)
-            if best:
-                self.best_cost = best[0].median_cost
+        self.last_batch_seconds = 0.0
 
     def _timing(self) -> TimingPolicy | None:
         """The runner's policy, told to time programs far slower than the best only once."""
@@ -75,13 +80,19 @@ class ProgramMeasurer:
             self.runner.set_task(inputs, expected)
             self._task_set = True
 
-    def measure(self, states: Sequence[State]) -> list[MeasureResult]:
-        """Measure every state; never raises for a bad program (it becomes an error record)."""
+    def measure(self, states: Sequence[State], on_result: Callable[[MeasureResult], None] | None = None,
+                on_phase: Callable[[str], None] | None = None,
+                deadline: float | None = None) -> list[MeasureResult]:
+        """Measure the states in order; never raises for a bad program (it becomes an error
+        record). Each result is handed to `on_result` as soon as it is known. Past `deadline`
+        (a `time.time()` value) no further program is run; those left are not returned."""
         self._ensure_task()
         start = time.time()
         sources: list[str | None] = []
         names: list[str] = []
         errors: list[str] = []
+        if on_phase is not None:
+            on_phase(PHASE_COMPILING)
         for st in states:
             try:
                 src, fname = generate_source(st, self.task.target, "kernel")
@@ -94,8 +105,12 @@ class ProgramMeasurer:
                 errors.append(f"{type(exc).__name__}: {exc}")
         to_build = [s for s in sources if s is not None]
         built = iter(self.builder.build(to_build)) if to_build else iter(())
+        if on_phase is not None:
+            on_phase(PHASE_MEASURING)
         results = []
         for st, src, fname, err in zip(states, sources, names, errors):
+            if deadline is not None and time.time() >= deadline:
+                break
             t0 = time.time()
             if src is None:
                 rec = self._record(st, (), MeasureErrorNo.INSTANTIATION_ERROR, err, 0.0)
@@ -110,9 +125,10 @@ class ProgramMeasurer:
                         self.best_cost = min(self.best_cost, r.median)
                     rec = self._record(st, costs, r.error_no, r.error_msg,
                                        b.compile_seconds + (time.time() - t0))
-            results.append(MeasureResult(st, rec))
-        if self.database is not None:
-            self.database.add_records([r.record for r in results])
+            result = MeasureResult(st, rec)
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
         self.last_batch_seconds = time.time() - start
         return results
 

@@ -3,49 +3,120 @@
 from __future__ import annotations
 
 import math
+import sys
+import time
 from typing import Sequence
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-import sys
+from ansor.callbacks import TuningCallback
+from ansor.measure.errors import MeasureErrorNo
 
 console = Console(width=None if sys.stdout.isatty() else 110)
 
 
-class TuneProgress:
-    """A progress bar over trials showing the best GFLOP/s so far."""
+class TuneProgress(TuningCallback):
+    """What a tuning job is doing, per program: a live line per task (phase, programs measured,
+    best so far) on a terminal; one plain line per round otherwise (CI, a log file)."""
 
-    def __init__(self, task, total: int, enabled: bool = True):
-        self.task = task
+    def __init__(self, total: int = 0, enabled: bool = True, stream=None, timeout: float | None = None):
         self.total = total
-        self.enabled = enabled and total > 0
+        self.timeout = timeout
+        self.enabled = enabled
+        self._console = Console(stderr=True) if stream is None else Console(file=stream)
+        self.live = self.enabled and self._console.is_terminal
         self._progress: Progress | None = None
+        self._rows: dict[int, int] = {}  # id(tuner) -> progress row
+        self._started = time.time()
 
-    def __enter__(self) -> "TuneProgress":
-        if self.enabled:
+    def _row(self, tuner) -> int:
+        if self._progress is None:
             self._progress = Progress(
-                TextColumn(f"[bold]{self.task.name}[/]"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("best {task.fields[best]}"), TimeElapsedColumn(),
-                console=Console(stderr=True), transient=False,
-            )
-            self._progress.__enter__()
-            self._id = self._progress.add_task("tune", total=self.total, best="-")
-        return self
+                TextColumn("[bold]{task.description}[/]"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[phase]:9s} best {task.fields[best]}"), TimeElapsedColumn(),
+                console=self._console, transient=False)
+            self._progress.start()
+        key = id(tuner)
+        if key not in self._rows:
+            self._rows[key] = self._progress.add_task(tuner.task.name, total=self.total or None,
+                                                      phase="", best="-")
+        return self._rows[key]
 
-    def update(self, res) -> None:
-        if self._progress is not None:
-            best = f"{res.best_gflops:.1f} GFLOP/s" if res.best_cost < math.inf else "-"
-            self._progress.update(self._id, completed=min(res.trials, self.total), best=best)
+    def on_start(self, tuner) -> None:
+        res = tuner.result
+        if not self.enabled:
+            return
+        if res.prior_records:
+            self.note(tuner, f"resuming: {res.prior_records} records of this workload in the database"
+                             + (f", best {best_text(res)}" if res.best_cost < math.inf else ""))
+        model = getattr(tuner.policy, "cost_model", None)
+        if model is not None and getattr(model, "num_prior", 0):
+            self.note(tuner, f"cost model starts from {model.num_prior} measured programs of other "
+                             f"workloads in the database")
+        if self.live:
+            self._row(tuner)
 
-    def note(self, text: str) -> None:
-        if self._progress is not None:
-            self._progress.console.print(f"[yellow]{self.task.name}: {text}[/]")
+    def on_phase(self, tuner, phase: str) -> None:
+        if self.live:
+            self._progress.update(self._row(tuner), phase=phase)
 
-    def __exit__(self, *exc) -> None:
+    def on_result(self, tuner, result) -> None:
+        if self.live:
+            res = tuner.result
+            self._progress.update(self._row(tuner), completed=res.trials, best=best_text(res))
+
+    def on_round_end(self, tuner, results) -> None:
+        if self.enabled and not self.live:
+            res = tuner.result
+            errors = f", {error_summary(res.error_counts, self.timeout)}" if res.errors else ""
+            self._console.print(f"{tuner.task.name}: round {tuner.rounds}, {res.trials} program{'s' if res.trials != 1 else ''} measured, "
+                                f"best {best_text(res)}{errors} ({time.time() - self._started:.0f} s)",
+                                markup=False, highlight=False, soft_wrap=True)
+
+    def on_end(self, tuner) -> None:
         if self._progress is not None:
-            self._progress.__exit__(*exc)
+            self._progress.update(self._row(tuner), phase="done")
+            self._rows.pop(id(tuner), None)
+            if not self._rows:
+                self._progress.stop()
+                self._progress = None
+
+    def note(self, tuner, text: str) -> None:
+        self._console.print(f"[yellow]{tuner.task.name}: {text}[/]")
+
+
+def best_text(res) -> str:
+    """The best so far as one figure: GFLOP/s and the median time with its runs' spread."""
+    if res.best_cost == math.inf:
+        return "-"
+    spread = f", spread {res.best_spread:.0%}" if res.best_spread else ""
+    return f"{res.best_gflops:.1f} GFLOP/s ({format_seconds(res.best_cost)}{spread})"
+
+
+_ERROR_WORDS = {
+    MeasureErrorNo.INSTANTIATION_ERROR: ("could not be lowered", "could not be lowered"),
+    MeasureErrorNo.COMPILE_HOST: ("failed to compile", "failed to compile"),
+    MeasureErrorNo.COMPILE_DEVICE: ("could not be loaded", "could not be loaded"),
+    MeasureErrorNo.RUNTIME_DEVICE: ("crashed", "crashed"),
+    MeasureErrorNo.WRONG_ANSWER: ("computed a wrong answer", "computed wrong answers"),
+    MeasureErrorNo.BUILD_TIMEOUT: ("timed out compiling", "timed out compiling"),
+    MeasureErrorNo.RUN_TIMEOUT: ("timed out", "timed out"),
+    MeasureErrorNo.UNKNOWN_ERROR: ("failed for an unknown reason", "failed for an unknown reason"),
+}
+
+
+def error_summary(counts, timeout: float | None = None) -> str:
+    """'1 program timed out (10 s), 2 programs failed to compile' from error code counts."""
+    parts = []
+    for code, n in sorted(counts.items()):
+        one, many = _ERROR_WORDS.get(code, (f"failed (error {code})", f"failed (error {code})"))
+        text = f"{n} program{'s' if n != 1 else ''} {one if n == 1 else many}"
+        if code == MeasureErrorNo.RUN_TIMEOUT and timeout:
+            text += f" ({timeout:g} s)"
+        parts.append(text)
+    return ", ".join(parts)
 
 
 def format_seconds(sec: float | None) -> str:
@@ -76,15 +147,26 @@ def comparison_table(title: str, flop: float, rows: Sequence[tuple[str, float | 
 
 
 def summary_table(summary: list[dict]) -> Table:
+    """One row per workload and target: the best program by the median of its runs (the tuner
+    measures its leaders again, and one lucky run must not make a best), how far its runs
+    spread ((max - min) / median) and over how many runs, and the number of records."""
+    from ansor.workloads import workload_label
+
     table = Table(title="ansor records: best per workload and target")
-    for col in ("workload", "name", "target", "records", "ok", "best time", "GFLOP/s"):
-        table.add_column(col, justify="right" if col in ("records", "ok", "best time", "GFLOP/s") else "left")
+    right = ("records", "ok", "best (median)", "spread (runs)", "GFLOP/s")
+    for col in ("workload", "key", "target", "records", "ok", "best (median)", "spread (runs)", "GFLOP/s"):
+        table.add_column(col, justify="right" if col in right else "left")
     for row in summary:
-        desc = row.get("workload") or {}
-        name = desc.get("name", "") if isinstance(desc, dict) else ""
         gf = row.get("best_gflops")
-        table.add_row(row["workload_key"][:16], name, row["target_key"], str(row["n_records"]), str(row["n_ok"]),
-                      format_seconds(row.get("best_cost")), "-" if gf is None else f"{gf:.1f}")
+        runs = row.get("best_runs") or ()
+        best = row.get("best_cost")
+        spread = "-"
+        if runs and best:
+            share = (max(runs) - min(runs)) / best
+            spread = f"{share:.0%} ({len(runs)})" if share >= 0.1 else f"{share:.1%} ({len(runs)})"
+        table.add_row(workload_label(row.get("workload")), row["workload_key"][:12], row["target_key"],
+                      str(row["n_records"]), str(row["n_ok"]), format_seconds(best), spread,
+                      "-" if gf is None else f"{gf:.1f}")
     return table
 
 

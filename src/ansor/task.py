@@ -52,10 +52,18 @@ class Task:
         return evaluate(self.dag.outputs, dict(zip(self.dag.inputs, inputs)))
 
     def describe(self) -> dict:
+        """The JSON description stored with the task's records: names and shapes for reports,
+        the named-workload spec when there is one, and the whole computation
+        (`ComputeDAG.to_data`), so that any process can replay the records without the
+        declaration."""
         d = self.dag.describe()
         d["name"] = self.name
         if self.spec is not None:
             d["spec"] = self.spec
+        try:
+            d["computation"] = self.dag.to_data()
+        except ValueError:
+            pass  # attrs that are not JSON data: the records replay where the task is declared
         return d
 
     def __repr__(self) -> str:

@@ -1,19 +1,31 @@
-"""tune(): the measurement loop that drives a search policy and fills the database."""
+"""tune(): one or several tasks tuned together, every measured program committed at once.
+
+The job is a few objects: one `TaskTuner` per task (its policy, measurer and result), one cost
+model shared by the tasks of a target, a `TaskScheduler` that picks whose round runs next, and
+callbacks that write records and draw progress. A rerun of the same job resumes: programs in the
+database are never measured again and the model learns from them first.
+"""
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from ansor.callbacks import RecordToDatabase, RoundCallback, TuningCallback
+from ansor.costmodel.model import CostModel
 from ansor.database import Database, default_database_path
 from ansor.measure import TimingPolicy
 from ansor.measurer import ProgramMeasurer
 from ansor.search.policy import SearchPolicy
+from ansor.search.scheduler import TaskScheduler, make_scheduler
 from ansor.target import Target
 from ansor.task import Task
+from ansor.task_tuner import TaskTuner, TuneResult, spread
+
+__all__ = ["TUNE_DEFAULTS", "POLICIES", "TuneResult", "tune", "transfer_model", "make_policy",
+           "open_database", "model_path"]
 
 TUNE_DEFAULTS = {
     "measures_per_round": 64,  # programs compiled and measured per round (the batch)
@@ -21,29 +33,11 @@ TUNE_DEFAULTS = {
     "confirm_best": 4,         # programs measured again at the end of a job (not counted as trials):
                                # the fastest of many noisy measurements is often a lucky one
     "transfer_programs": 4000, # measured programs of the database's other workloads (same target)
-                               # that the cost model starts from; 0: learn from this task alone
+                               # that the cost model starts from; 0: learn from the job's tasks alone
 }
 MIN_TRANSFER_PROGRAMS = 64     # fewer than this: not worth starting from
 
-
-@dataclass
-class TuneResult:
-    """What one tuning job found: the best cost and the tuning curve."""
-
-    task: Task
-    best_cost: float = math.inf              # seconds (median of repeats)
-    trials: int = 0                          # programs measured by this job
-    errors: int = 0
-    curve: list[tuple[int, float]] = field(default_factory=list)  # (trial, best GFLOP/s so far)
-    best_steps: list | None = None
-    seconds: float = 0.0
-    search_seconds: float = 0.0    # choosing programs (sampling, evolution, features, prediction)
-    measure_seconds: float = 0.0   # code generation, compilation, checking and timing
-    model_seconds: float = 0.0     # retraining the cost model on each measured batch
-
-    @property
-    def best_gflops(self) -> float:
-        return self.task.flop / self.best_cost / 1e9 if self.best_cost < math.inf else 0.0
+POLICIES = ("sketch.xgb", "sketch.random", "basic")
 
 
 def open_database(database: Database | str | None) -> tuple[Database, bool]:
@@ -51,9 +45,6 @@ def open_database(database: Database | str | None) -> tuple[Database, bool]:
     if isinstance(database, Database):
         return database, False
     return Database(database if database is not None else default_database_path()), True
-
-
-POLICIES = ("sketch.xgb", "sketch.random", "basic")
 
 
 def model_path(db: Database, target_key: str) -> Path | None:
@@ -64,7 +55,8 @@ def model_path(db: Database, target_key: str) -> Path | None:
     return p.with_name(f"{p.stem}.{target_key}.costmodel.json")
 
 
-def make_policy(policy: str | SearchPolicy, task: Task, seed: int | None, cost_model=None) -> SearchPolicy:
+def make_policy(policy: str | SearchPolicy, task: Task, seed: int | None,
+                cost_model: CostModel | None = None) -> SearchPolicy:
     """A policy object from its name: 'sketch.xgb' is Ansor's full search (sketches, evolution,
     learned cost model); 'sketch.random' samples the sketch space at random; 'basic' is the
     first, template-like random search (kept for comparison)."""
@@ -85,87 +77,19 @@ def make_policy(policy: str | SearchPolicy, task: Task, seed: int | None, cost_m
     raise ValueError(f"unknown search policy {policy!r}; available: {', '.join(POLICIES)}")
 
 
-def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | str | None = None,
-         target: Target | None = None, timeout: float = TUNE_DEFAULTS["timeout"], seed: int | None = None,
-         policy: str | SearchPolicy = "sketch.xgb", measures_per_round: int = TUNE_DEFAULTS["measures_per_round"],
-         timing: TimingPolicy | None = None, progress: bool = True,
-         callback: Callable[[TuneResult], None] | None = None,
-         confirm_best: int = TUNE_DEFAULTS["confirm_best"],
-         transfer_programs: int = TUNE_DEFAULTS["transfer_programs"]) -> TuneResult | list[TuneResult]:
-    """Search for fast programs of one task, or of several (which for now split the trial
-    budget evenly, in order; Ansor's gradient task scheduler is not built yet).
-
-    Records are committed to the database after every round, so an interrupted job loses at
-    most one round, and programs already in the database are never measured again by the
-    search; at the end, the `confirm_best` fastest are measured once more (not counted as
-    trials) and the best is decided on all their measurements.
-
-    With the full tuner, the cost model first learns from up to `transfer_programs` measured
-    programs of the database's other workloads on the same target, so that even the first
-    batch is chosen by a model rather than at random.
-    """
-    single = isinstance(tasks, Task)
-    task_list = [tasks] if single else list(tasks)
-    if not task_list:
-        raise ValueError("tune: give at least one task")
-    if trials < 0:
-        raise ValueError(f"tune: trials must be >= 0, got {trials}")
-    if target is not None:
-        for t in task_list:
-            t.target = target
-    db, owned = open_database(database)
-    try:
-        results = [TuneResult(t) for t in task_list]
-        budgets = _split_budget(trials, len(task_list))
-        for t, res, budget in zip(task_list, results, budgets):
-            task_policy = policy if single or isinstance(policy, str) else "sketch.xgb"
-            _tune_one(t, res, budget, db, timeout, seed, task_policy, measures_per_round,
-                      timing, progress, callback, confirm_best, transfer_programs)
-    finally:
-        if owned:
-            db.close()
-    return results[0] if single else results
-
-
-def _split_budget(trials: int, n: int) -> list[int]:
-    base, extra = divmod(trials, n)
-    return [base + (1 if i < extra else 0) for i in range(n)]
-
-
-def _confirm_best(task: Task, res: TuneResult, db: Database, measurer: ProgramMeasurer, k: int) -> None:
-    """Measure the k best programs once more, back to back, so that they are compared with
-    each other under the same conditions; the database pools every measurement of a program,
-    and the job's best is read back from it. The tuning curve keeps what was seen during the
-    search."""
-    from ansor.schedule.state import ScheduleError, State
-    from ansor.schedule.steps import steps_from_json
-
-    states = []
-    for rec in db.best(task.workload_key, task.target.key, k=k):
-        try:
-            states.append(State.replay(task.dag, steps_from_json(rec.steps)))
-        except ScheduleError:
-            continue
-    if not states:
-        return
-    measurer.measure(states)
-    best = db.best(task.workload_key, task.target.key)
-    if best:
-        res.best_cost = best[0].median_cost
-        res.best_steps = best[0].steps
-
-
-def transfer_model(task: Task, db: Database, seed: int | None, max_programs: int):
-    """An XGBModel that has learned from the database's other workloads on the task's target
-    (at most `max_programs` programs, the most recent of each workload in equal shares);
+def transfer_model(tasks: Task | Sequence[Task], db: Database, seed: int | None, max_programs: int):
+    """An XGBModel that has learned from the database's workloads other than `tasks`' on their
+    target (at most `max_programs` programs, the most recent of each workload in equal shares);
     None when there are fewer than MIN_TRANSFER_PROGRAMS."""
     from ansor.costmodel.dataset import load_dataset
     from ansor.costmodel.model import XGBModel
 
-    others = [wk for wk in db.workload_keys() if wk != task.workload_key]
+    task_list = [tasks] if isinstance(tasks, Task) else list(tasks)
+    own = {t.workload_key for t in task_list}
+    others = [wk for wk in db.workload_keys() if wk not in own]
     if max_programs <= 0 or not others:
         return None
-    data = load_dataset(db, task.target.key, exclude_workloads={task.workload_key},
+    data = load_dataset(db, task_list[0].target.key, exclude_workloads=own,
                         max_per_workload=max(1, max_programs // len(others)))
     if len(data.costs) < MIN_TRANSFER_PROGRAMS:
         return None
@@ -174,69 +98,177 @@ def transfer_model(task: Task, db: Database, seed: int | None, max_programs: int
     return model
 
 
-def _tune_one(task: Task, res: TuneResult, budget: int, db: Database, timeout: float, seed: int | None,
-              policy: str | SearchPolicy, per_round: int, timing: TimingPolicy | None, progress: bool,
-              callback, confirm_best: int, transfer_programs: int) -> None:
+def _shared_cost_model(tasks: Sequence[Task], db: Database, seed: int | None,
+                       transfer_programs: int) -> CostModel:
+    """The one model of a target's tasks: from the database's other workloads, else the model
+    saved beside the database by the last job, else a fresh one."""
+    from ansor.costmodel.model import XGBModel
+
+    model = transfer_model(tasks, db, seed, transfer_programs)
+    if model is not None:
+        return model
+    saved = model_path(db, tasks[0].target.key)
+    if saved is not None and saved.exists():
+        try:
+            return XGBModel.load(saved)
+        except (OSError, ValueError):
+            pass  # an unreadable model is retrained from the records
+    return XGBModel(seed=seed if seed is not None else 43)
+
+
+def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | str | None = None,
+         target: Target | None = None, timeout: float = TUNE_DEFAULTS["timeout"], seed: int | None = None,
+         policy: str | SearchPolicy = "sketch.xgb", measures_per_round: int = TUNE_DEFAULTS["measures_per_round"],
+         timing: TimingPolicy | None = None, progress: bool = True,
+         callback: Callable[[TuneResult], None] | None = None,
+         confirm_best: int = TUNE_DEFAULTS["confirm_best"],
+         transfer_programs: int = TUNE_DEFAULTS["transfer_programs"],
+         time_budget: float | None = None, scheduler: str | TaskScheduler = "round-robin",
+         callbacks: Sequence[TuningCallback] = ()) -> TuneResult | list[TuneResult]:
+    """Search for fast programs of one task, or of several tasks together.
+
+    `trials` programs are measured in all (across the tasks); with `time_budget` (seconds) the
+    search also stops when the time is up (the leaders' confirmation runs after it). Several
+    tasks take rounds in the order the `scheduler` picks, and the tasks of one target share one
+    cost model. Every measured program is committed to the database as soon as it is measured,
+    so an interrupt (KeyboardInterrupt, raised on to the caller with `.results` holding the
+    partial results) loses nothing measured; a rerun skips what the database holds. At the
+    end the `confirm_best` fastest programs of each task are measured once more (not counted
+    as trials) and the best is decided on all their runs.
+
+    The full tuner's model first learns from up to `transfer_programs` measured programs of the
+    database's other workloads on the same target, so that even the first batch is chosen by a
+    model rather than at random. `callback(result)` is called after every round.
+    """
+    single = isinstance(tasks, Task)
+    task_list = [tasks] if single else list(tasks)
+    if not task_list or not all(isinstance(t, Task) for t in task_list):
+        raise ValueError("tune: give a Task or a non-empty list of Tasks")
+    if trials < 0:
+        raise ValueError(f"tune: trials must be >= 0, got {trials}")
+    if time_budget is not None and time_budget <= 0:
+        raise ValueError(f"tune: time_budget must be positive seconds, got {time_budget}")
+    if isinstance(policy, SearchPolicy) and not single:
+        raise ValueError("tune: a policy object serves one task; give a policy name for several tasks")
+    if target is not None:
+        for t in task_list:
+            t.target = target
+    if trials > 0:
+        _check_compiler()
+    start = time.time()
+    deadline = start + time_budget if time_budget is not None else None
+    db, owned = open_database(database)
+    tuners: list[TaskTuner] = []
+    try:
+        tuners = _make_tuners(task_list, db, policy, seed, timeout, timing, progress, callback, callbacks,
+                              transfer_programs, trials)
+        _run(tuners, make_scheduler(scheduler), trials, measures_per_round, deadline)
+        for tuner in tuners:
+            if tuner.result.trials and confirm_best > 0:
+                _confirm_best(tuner, db, confirm_best)
+    except KeyboardInterrupt as exc:
+        exc.results = [t.result for t in tuners]  # what was measured before the signal
+        raise
+    finally:
+        _finish(tuners, db, start)
+        if owned:
+            db.close()
+    results = [t.result for t in tuners]
+    return results[0] if single else results
+
+
+def _check_compiler() -> None:
+    """A missing C compiler is one clear error before any work, not a batch of failed builds."""
+    from ansor.measure import build
+
+    check = getattr(build, "check_compiler", None)
+    if check is not None:
+        check()
+
+
+def _make_tuners(tasks: Sequence[Task], db: Database, policy: str | SearchPolicy, seed: int | None,
+                 timeout: float, timing: TimingPolicy | None, progress: bool, callback,
+                 callbacks: Sequence[TuningCallback], transfer_programs: int, trials: int) -> list[TaskTuner]:
     from ansor.report import TuneProgress
 
-    start = time.time()
-    model_file = model_path(db, task.target.key)
-    cost_model = None
+    models: dict[str, CostModel] = {}
     if policy == "sketch.xgb":
-        cost_model = transfer_model(task, db, seed, transfer_programs)
-    if cost_model is None and policy == "sketch.xgb" and model_file is not None and model_file.exists():
-        from ansor.costmodel.model import XGBModel
-
-        try:
-            cost_model = XGBModel.load(model_file)
-        except (OSError, ValueError):
-            cost_model = None  # an unreadable model is retrained from the records
-    pol = make_policy(policy, task, seed, cost_model)
-    measured = db.measured_state_keys(task.workload_key, task.target.key)
-    if measured:
-        pol.preload(db.records(task.workload_key, task.target.key))
-    prior = db.best(task.workload_key, task.target.key)
-    if prior:
-        res.best_cost = prior[0].median_cost
-        res.best_steps = prior[0].steps
-    measurer = ProgramMeasurer(task, db, timeout=timeout, timing=timing, seed=0)
+        for target_key in dict.fromkeys(t.target.key for t in tasks):
+            same = [t for t in tasks if t.target.key == target_key]
+            models[target_key] = _shared_cost_model(same, db, seed, transfer_programs)
+    shared = [RecordToDatabase(db), *callbacks]
+    if callback is not None:
+        shared.append(RoundCallback(callback))
+    shared.append(TuneProgress(total=trials if len(tasks) == 1 else 0, enabled=progress, timeout=timeout))
+    tuners: list[TaskTuner] = []
     try:
-        with TuneProgress(task, budget, enabled=progress) as bar:
-            if cost_model is not None and getattr(cost_model, "num_prior", 0):
-                bar.note(f"cost model starts from {cost_model.num_prior} measured programs of other "
-                         f"workloads in the database")
-            while res.trials < budget:
-                t0 = time.perf_counter()
-                states = pol.next_batch(min(per_round, budget - res.trials), measured)
-                t1 = time.perf_counter()
-                res.search_seconds += t1 - t0
-                if not states:
-                    bar.note("search space exhausted")
-                    break
-                batch = measurer.measure(states)
-                t2 = time.perf_counter()
-                res.measure_seconds += t2 - t1
-                for r in batch:
-                    res.trials += 1
-                    measured.add(r.record.state_key)
-                    if not r.ok:
-                        res.errors += 1
-                    elif r.cost < res.best_cost:
-                        res.best_cost = r.cost
-                        res.best_steps = r.record.steps
-                    res.curve.append((res.trials, res.best_gflops))
-                pol.update(batch)
-                res.model_seconds += time.perf_counter() - t2
-                bar.update(res)
-                if callback is not None:
-                    callback(res)
-            if res.trials and confirm_best > 0:
-                _confirm_best(task, res, db, measurer, confirm_best)
-                bar.update(res)
-    finally:
-        measurer.close()
-        pol.close()
-        res.seconds = time.time() - start
-        model = getattr(pol, "cost_model", None)
-        if model is not None and model_file is not None and hasattr(model, "save"):
-            model.save(model_file)
+        for task in tasks:
+            task_policy = make_policy(policy, task, seed, models.get(task.target.key))
+            prior = db.best(task.workload_key, task.target.key)
+            measurer = ProgramMeasurer(task, timeout=timeout, timing=timing, seed=0,
+                                       best_cost=prior[0].median_cost if prior else math.inf)
+            tuner = TaskTuner(task, task_policy, measurer, shared,
+                              measured_keys=db.measured_state_keys(task.workload_key, task.target.key))
+            tuners.append(tuner)
+            res = tuner.result
+            res.prior_records = db.count(task.workload_key, task.target.key)
+            if prior:
+                res.best_cost, res.best_steps = prior[0].median_cost, prior[0].steps
+                res.best_spread = spread(prior[0].costs)
+            if tuner.measured_keys:
+                task_policy.preload(db.records(task.workload_key, task.target.key))
+            tuner.start()
+    except BaseException:
+        for tuner in tuners:
+            tuner.close()
+        raise
+    return tuners
+
+
+def _run(tuners: Sequence[TaskTuner], scheduler: TaskScheduler, trials: int, per_round: int,
+         deadline: float | None) -> None:
+    """Rounds until `trials` programs are measured, the time is up or every space is exhausted."""
+    measured = 0
+    while measured < trials and (deadline is None or time.time() < deadline):
+        index = scheduler.next_task(tuners)
+        if index is None:
+            break
+        batch = tuners[index].round(min(per_round, trials - measured), deadline)
+        measured += len(batch)
+        scheduler.on_round_end(index, tuners)
+
+
+def _confirm_best(tuner: TaskTuner, db: Database, k: int) -> None:
+    """Measure the k best programs once more, back to back, so that they are compared with
+    each other under the same conditions; the database pools every measurement of a program,
+    and the job's best is read back from it. The tuning curve keeps what was seen during the
+    search."""
+    from ansor.replay import replay_records
+
+    task = tuner.task
+    states = [state for _, state in replay_records(db.best(task.workload_key, task.target.key, k=k), task.dag)]
+    if not states:
+        return
+    writer = next(cb for cb in tuner.callbacks if isinstance(cb, RecordToDatabase))
+    tuner.measurer.measure(states, on_result=lambda r: writer.on_result(tuner, r))
+    best = db.best(task.workload_key, task.target.key)
+    if best:
+        res = tuner.result
+        res.best_cost, res.best_steps, res.best_spread = best[0].median_cost, best[0].steps, spread(best[0].costs)
+
+
+def _finish(tuners: Sequence[TaskTuner], db: Database, start: float) -> None:
+    """Close every tuner's workers, end the callbacks, keep the cost model for the next job;
+    runs after an interrupt too."""
+    saved: set[int] = set()
+    for tuner in tuners:
+        tuner.result.seconds = time.time() - start
+        try:
+            tuner.close()
+        finally:
+            tuner.end()
+        model = getattr(tuner.policy, "cost_model", None)
+        path = model_path(db, tuner.task.target.key)
+        if isinstance(model, CostModel) and path is not None and id(model) not in saved:
+            saved.add(id(model))
+            model.save(path)

@@ -197,8 +197,20 @@ def make_task_tensors(name: str, shape: Sequence[int] | None = None, dtype: str 
     n_expected = len(w.shape_help.split(","))
     if "..." not in w.shape_help and len(shape) != n_expected:
         raise ValueError(f"workload {name!r} takes --shape {w.shape_help} ({n_expected} numbers), got {list(shape)}")
+    check_options(name, options)
     opts = {**w.options, **{k: v for k, v in options.items() if v is not None}}
     return w.make(shape, dtype, **opts)
+
+
+def check_options(name: str, options: dict) -> None:
+    """Refuse options a workload does not take (given, not None), naming those it takes: a
+    silently ignored --padding would tune another computation than the one asked for."""
+    w = WORKLOADS[name]
+    given = sorted(k for k, v in options.items() if v is not None and k not in w.options)
+    if given:
+        takes = ", ".join(f"--{k}" for k in w.options) if w.options else "no options"
+        raise ValueError(f"workload {name!r} does not take {', '.join('--' + k for k in given)}; "
+                         f"it takes {takes}")
 
 
 def workload_options(name: str, shape: Sequence[int] | None = None, **options) -> dict:
@@ -221,13 +233,55 @@ def make_task(name: str, shape: Sequence[int] | None = None, dtype: str = "float
 
 
 def dag_from_description(description: dict):
-    """Rebuild the ComputeDAG of a stored workload description, or None when it is not a named
-    workload of this registry."""
+    """Rebuild the ComputeDAG of a stored named-workload description from its spec, or None
+    when it is not a named workload of this registry. The spec comes from a file: anything
+    malformed is a ValueError."""
     from ansor.dag import ComputeDAG
 
     spec = (description or {}).get("spec")
-    if not spec or spec.get("workload") not in WORKLOADS:
+    if not isinstance(spec, dict) or spec.get("workload") not in WORKLOADS:
         return None
-    tensors = make_task_tensors(spec["workload"], spec["shape"], spec.get("dtype", "float32"),
-                                **spec.get("options", {}))
+    w = WORKLOADS[spec["workload"]]
+    shape, options = spec.get("shape"), spec.get("options", {})
+    if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0
+                                              for n in shape):
+        raise ValueError(f"spec of {w.name!r}: shape must be positive integers, got {shape!r}")
+    if not isinstance(options, dict):
+        raise ValueError(f"spec of {w.name!r}: options must be an object, got {options!r}")
+    # options the workload does not take were ignored when the records were made
+    options = {k: v for k, v in options.items() if k in w.options}
+    tensors = make_task_tensors(w.name, shape, spec.get("dtype", "float32"), **options)
     return ComputeDAG(tensors)
+
+
+def workload_label(description: dict | None) -> str:
+    """A readable name of a stored workload: a named workload's name and shape (with the
+    options that differ from its defaults, e.g. `conv2d 1x64x56x56x64x3x3 stride=2`), else the
+    computation's outputs with their shapes (`C 512x512`)."""
+    desc = description if isinstance(description, dict) else {}
+    spec = desc.get("spec")
+    if isinstance(spec, dict) and isinstance(spec.get("workload"), str):
+        name = spec["workload"]
+        parts = [name, _dims(spec.get("shape"))]
+        defaults = WORKLOADS[name].options if name in WORKLOADS else {}
+        options = spec.get("options") if isinstance(spec.get("options"), dict) else {}
+        parts += [f"{k}={v}" for k, v in options.items() if v is not None and defaults.get(k) != v]
+        if spec.get("dtype", "float32") != "float32":
+            parts.append(str(spec["dtype"]))
+        return " ".join(p for p in parts if p)
+    outputs = desc.get("outputs")
+    if isinstance(outputs, list) and outputs:
+        labels = []
+        for out in outputs:
+            if isinstance(out, list) and len(out) >= 2:
+                labels.append(f"{out[0]} {_dims(out[1])}".strip())
+        if labels:
+            return ", ".join(labels)
+    name = desc.get("name")
+    return name if isinstance(name, str) else "?"
+
+
+def _dims(shape) -> str:
+    if not isinstance(shape, list):
+        return ""
+    return "x".join(str(n) for n in shape) if shape else "scalar"

@@ -21,22 +21,23 @@ class Dataset:
 
 def load_dataset(db: Database, target_key: str, exclude_workloads: Collection[str] = (),
                  max_per_workload: int | None = None) -> Dataset:
-    """One sample per program of the target whose workload the process can rebuild (named
-    workloads and any DAG registered in this process); workloads in `exclude_workloads` are
-    left out, and at most `max_per_workload` programs (the most recent) are kept of each."""
+    """One sample per program of the target whose workload can be rebuilt (every workload
+    stored with its computation, and named workloads of older databases); workloads in
+    `exclude_workloads` are left out, and at most `max_per_workload` programs (the most recent)
+    are kept of each."""
     from ansor.costmodel.features import features_for_states
-    from ansor.schedule.state import ScheduleError, State
-    from ansor.schedule.steps import steps_from_json
-    from ansor.workloads import dag_from_description
+    from ansor.replay import ReplayError, replay, workload_dag
 
     out = Dataset()
     for wk in db.workload_keys():
         if wk in exclude_workloads:
             continue
-        desc = db.workload(wk)
-        dag = dag_from_description(desc["description"]) if desc else None
         recs = db.records(wk, target_key)
-        if dag is None or dag.workload_key != wk:
+        if not recs:
+            continue
+        try:
+            dag = workload_dag(db, wk)
+        except ReplayError:
             out.skipped += len(recs)
             continue
         states, costs = [], []
@@ -47,8 +48,8 @@ def load_dataset(db: Database, target_key: str, exclude_workloads: Collection[st
             pooled = pooled[-max_per_workload:] if max_per_workload > 0 else []
         for rec, runs in pooled:
             try:
-                states.append(State.replay(dag, steps_from_json(rec.steps)))
-            except ScheduleError:
+                states.append(replay(rec, dag))
+            except ReplayError:
                 out.skipped += 1
                 continue
             costs.append(float(np.median(runs)) if runs else math.inf)

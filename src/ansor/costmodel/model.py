@@ -151,6 +151,24 @@ class CostModel(ABC):
     def predict(self, features: Sequence[np.ndarray]) -> np.ndarray:
         """One score per program; higher = faster."""
 
+    @property
+    def trusted(self) -> bool:
+        """Whether the scores carry information. An untrusted model (still warming up) scores
+        at random, and the search then samples instead of evolving on noise."""
+        return True
+
+    @property
+    def num_prior(self) -> int:
+        """Programs of other tasks the model started from (see `set_prior`)."""
+        return 0
+
+    def set_prior(self, features: Sequence[np.ndarray], costs: Sequence[float], groups: Sequence[str]) -> None:
+        """Learn from measured programs of other tasks before this job's own. Default: ignore
+        them (a model that cannot transfer)."""
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the model to `path` so a later job starts from it. Default: nothing to keep."""
+
 
 class RandomModel(CostModel):
     """Uniform random scores in ``[0, 1)``: the no-model ablation and a warm-up stand-in.

@@ -11,8 +11,7 @@ import random
 import time
 from typing import Sequence
 
-from ansor.schedule.state import ScheduleError, State
-from ansor.schedule.steps import steps_from_json
+from ansor.schedule.state import State
 from ansor.search.annotate import annotate, multi_level_splits
 from ansor.search.collector import collector_paused
 from ansor.search.params import search_params
@@ -212,14 +211,9 @@ class SketchPolicy(SearchPolicy):
     def preload(self, records: Sequence) -> None:
         """Learn from earlier records of this task (a resumed or repeated job)."""
         from ansor.measurer import MeasureResult
+        from ansor.replay import replay_records
 
-        results = []
-        for rec in records:
-            try:
-                st = State.replay(self.task.dag, steps_from_json(rec.steps))
-            except ScheduleError:
-                continue
-            results.append(MeasureResult(st, rec))
+        results = [MeasureResult(st, rec) for rec, st in replay_records(records, self.task.dag)]
         self.update(results)
 
 
