@@ -49,8 +49,8 @@ def main() -> None:
     policy = SketchPolicy(task, seed=args.seed, cost_model=XGBModel(seed=args.seed))
     policy.preload(records)
     print(f"model trained on {len(records)} records; population "
-          f"{policy.params['evolutionary_search_population']}, "
-          f"{policy.params['evolutionary_search_num_iters']} generations, batch 64")
+          f"{policy.params.evolutionary_search_population}, "
+          f"{policy.params.evolutionary_search_num_iters} generations, batch 64")
     measured = db.measured_state_keys(task.workload_key, target_key)
     totals = []
     for i in range(args.rounds):

@@ -34,7 +34,7 @@ import time
 import ansor
 from ansor.baselines import time_numpy, time_torch, torch_available
 from ansor.measure import check_outputs
-from ansor.tuner import open_database
+from ansor.database import open_database
 from ansor.workloads import WORKLOADS, make_task, workload_options
 
 # (label, workload name, shape, options)

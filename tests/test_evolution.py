@@ -47,7 +47,7 @@ def test_tile_size_mutation_preserves_perfect_tiling(conv_policy):
         assert all(perfect for *_, perfect in _split_products(child))
         for s in child.steps:
             if isinstance(s, SplitStep) and s.lengths:
-                assert s.lengths[-1] <= conv_policy.params["max_innermost_split_factor"]
+                assert s.lengths[-1] <= conv_policy.params.max_innermost_split_factor
 
 
 def test_tile_shape_mutation_reshapes_the_innermost_tile_at_equal_volume():
@@ -399,3 +399,20 @@ def test_featurizing_a_scalar_stage_makes_no_reference_cycles():
         assert program_features(State(task.dag)).shape[0] == 1
         unreachable = gc.collect()
     assert unreachable == 0
+
+
+def test_search_parameters_are_typed_frozen_and_refuse_unknown_names():
+    import dataclasses
+
+    from ansor.search.params import SEARCH_DEFAULTS, SearchParams, search_params
+
+    p = search_params({"eps_greedy": 0.1, "cpu_fusion_levels": [1]})
+    assert isinstance(p, SearchParams) and p.eps_greedy == 0.1 and p.cpu_fusion_levels == (1,)
+    assert search_params().eps_greedy == SEARCH_DEFAULTS["eps_greedy"] == 0.05
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.eps_greedy = 0.2
+    with pytest.raises(KeyError, match="unknown search parameter 'eps_greedie'"):
+        search_params({"eps_greedie": 0.1})
+    with pytest.raises(KeyError, match="unknown"):
+        p.replace(no_such_knob=1)
+    assert p.replace(eps_greedy=0.3).eps_greedy == 0.3 and p.eps_greedy == 0.1

@@ -15,14 +15,17 @@ import pytest
 from ansor.measure import (
     DEFAULT_CFLAGS,
     Builder,
+    CompilerNotFoundError,
     MeasureErrorNo,
     Runner,
     RunResult,
     TimingPolicy,
     aligned_copy,
     aligned_empty,
+    check_compiler,
     check_outputs,
     default_cache_dir,
+    default_compiler,
     time_function,
 )
 from ansor.measure.check import default_tolerances
@@ -174,6 +177,29 @@ def test_build_timeout(tmp_path) -> None:
 def test_missing_compiler(tmp_path) -> None:
     result = Builder(cache_dir=tmp_path, compiler="no-such-compiler-xyz").compile_one(ADD)
     assert result.error_no == MeasureErrorNo.COMPILE_HOST and "no-such-compiler" in result.error_msg
+
+
+def test_check_compiler_names_a_missing_compiler_from_cc(monkeypatch, tmp_path) -> None:
+    missing = str(tmp_path / "no-such-cc")
+    monkeypatch.setenv("CC", missing)
+    with pytest.raises(CompilerNotFoundError) as info:
+        check_compiler()
+    message = str(info.value)
+    assert missing in message and "$CC" in message and "install" in message and "\n" not in message
+    with pytest.raises(CompilerNotFoundError, match="no-such-compiler-xyz"):
+        check_compiler("no-such-compiler-xyz")
+
+
+def test_compiler_comes_from_cc_else_gcc(monkeypatch, tmp_path) -> None:
+    monkeypatch.delenv("CC", raising=False)
+    assert default_compiler() == "gcc" and Builder(cache_dir=tmp_path).compiler == "gcc"
+    assert os.path.basename(check_compiler()).startswith("gcc")
+    # CC may carry words, as in make: a wrapper or extra flags
+    monkeypatch.setenv("CC", "gcc -DADDEND=2.0f")
+    builder = Builder(cache_dir=tmp_path)
+    assert builder.compiler == "gcc -DADDEND=2.0f" and check_compiler() == check_compiler("gcc")
+    result = builder.compile_one(binary_kernel("add", "c[i] = a[i] + b[i] + ADDEND;"))
+    assert result.error_no == MeasureErrorNo.NO_ERROR, result.error_msg
 
 
 def test_default_cache_dir(monkeypatch, tmp_path) -> None:

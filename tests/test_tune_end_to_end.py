@@ -216,21 +216,42 @@ def test_programs_far_slower_than_the_best_get_one_repeat(tmp_path):
     from ansor.workloads import make_task
 
     task = make_task("matmul", (16, 16, 16))
-    db = Database(str(tmp_path / "t.db"))
-    m = ProgramMeasurer(task, db, timing=TimingPolicy(min_repeat_ms=1.0, repeat=3))
+    m = ProgramMeasurer(task, timing=TimingPolicy(min_repeat_ms=1.0, repeat=3))
     try:
         assert m._timing() is None  # no best yet: every program gets all its repeats
-        (result,) = m.measure([State(task.dag)])
+        seen = []
+        (result,) = m.measure([State(task.dag)], on_result=seen.append)
+        assert seen == [result]  # each result is handed over as soon as it is measured
         assert result.ok and len(result.record.costs) == 3
         assert m.best_cost == pytest.approx(result.cost)
         assert m._timing().one_repeat_above == pytest.approx(3.0 * result.cost)
     finally:
         m.close()
-    again = ProgramMeasurer(task, db)  # a resumed run starts from the database's best
-    off = ProgramMeasurer(task, db, one_repeat_factor=0)
+    again = ProgramMeasurer(task, best_cost=result.cost)  # a resumed run starts from the database's best
+    off = ProgramMeasurer(task, best_cost=result.cost, one_repeat_factor=0)
     try:
-        assert again.best_cost == pytest.approx(result.cost)
+        assert again._timing().one_repeat_above == pytest.approx(3.0 * result.cost)
         assert off._timing() is None
     finally:
         again.close()
         off.close()
+
+
+def test_a_resumed_tune_starts_the_measurer_from_the_database_best(tmp_path, monkeypatch):
+    from ansor import tuner as tuner_mod
+
+    task = matmul_task()
+    db = str(tmp_path / "b.db")
+    ansor.tune(task, trials=4, database=db, progress=False, confirm_best=0)
+    with Database(db) as d:
+        best = d.best(task.workload_key, task.target.key)[0].median_cost
+    starts = []
+    real = tuner_mod.ProgramMeasurer
+
+    def spy(*args, **kwargs):
+        starts.append(kwargs.get("best_cost"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tuner_mod, "ProgramMeasurer", spy)
+    ansor.tune(task, trials=1, database=db, progress=False, confirm_best=0)
+    assert starts == [best]

@@ -170,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"ansor: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C in a read-only command: nothing to keep, no traceback
+        print("ansor: interrupted", file=sys.stderr)
+        return 130
 
 
 def _joined_negative_shapes(argv: list[str]) -> list[str]:

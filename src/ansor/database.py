@@ -56,6 +56,7 @@ __all__ = [
     "DatabaseError",
     "Record",
     "default_database_path",
+    "open_database",
 ]
 
 #: Version tag written into every record; records with another tag are refused.
@@ -877,3 +878,11 @@ def _target_row(entry: Any) -> tuple:
     if not isinstance(entry.get("description"), dict):
         raise DatabaseError("target entry must have an object 'description'")
     return (entry["key"], _dumps(entry["description"]))
+
+
+def open_database(database: Database | str | os.PathLike[str] | None) -> tuple[Database, bool]:
+    """(database, whether the caller owns it and must close it): a Database object as given,
+    else the file at the path, else the default database."""
+    if isinstance(database, Database):
+        return database, False
+    return Database(database if database is not None else default_database_path()), True

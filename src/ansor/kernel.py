@@ -9,12 +9,13 @@ from typing import Sequence
 import numpy as np
 
 from ansor.codegen import generate_source
-from ansor.database import Database, Record
+from ansor.database import Database, Record, open_database
 from ansor.measure import (Builder, KernelLibrary, MeasureErrorNo, TimingPolicy, aligned_copy, aligned_empty,
                            time_function)
 from ansor.measure.timing import measure_costs
 from ansor.replay import replay_records
 from ansor.schedule.state import State
+from ansor.search.basic import default_schedule
 from ansor.task import Task
 
 
@@ -187,9 +188,6 @@ def _entry_name(task: Task) -> str:
 def build(task: Task, database: Database | str | None = None, state: State | None = None) -> Kernel:
     """The fastest recorded program of the task on its target, compiled; with no usable record,
     an untuned default schedule."""
-    from ansor.search.basic import default_schedule
-    from ansor.tuner import open_database
-
     if state is not None:
         return compile_state(task, state)
     db, owned = open_database(database)

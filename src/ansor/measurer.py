@@ -12,31 +12,15 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable, Sequence
 
 from ansor.codegen import generate_source
 from ansor.database import Record
 from ansor.measure import Builder, MeasureErrorNo, Runner, TimingPolicy
 from ansor.schedule.state import State
+from ansor.search.policy import MeasureResult
 from ansor.task import Task
-
-
-@dataclass(frozen=True)
-class MeasureResult:
-    """A program and the record of its measurement."""
-
-    state: State
-    record: Record
-
-    @property
-    def ok(self) -> bool:
-        return self.record.ok
-
-    @property
-    def cost(self) -> float:
-        """Median seconds; math.inf for a failed measurement."""
-        return self.record.median_cost
 
 
 ONE_REPEAT_FACTOR = 3.0  # a program this many times slower than the task's best is timed once

@@ -7,7 +7,9 @@ from typing import Sequence
 import numpy as np
 
 from ansor.dag import ComputeDAG
+from ansor.memory import aligned_copy
 from ansor.target import Target
+from ansor.te.evaluate import evaluate, random_inputs as random_input_arrays
 from ansor.te.tensor import Tensor
 
 
@@ -40,15 +42,10 @@ class Task:
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Reproducible inputs for measurement and checking, 64-byte aligned like every buffer
         ansor allocates for a kernel."""
-        from ansor.measure.memory import aligned_copy
-        from ansor.te.evaluate import random_inputs
-
-        return [aligned_copy(a) for a in random_inputs(self.dag.inputs, seed=seed)]
+        return [aligned_copy(a) for a in random_input_arrays(self.dag.inputs, seed=seed)]
 
     def reference_outputs(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """The outputs computed by numpy from the declaration alone (no schedule involved)."""
-        from ansor.te.evaluate import evaluate
-
         return evaluate(self.dag.outputs, dict(zip(self.dag.inputs, inputs)))
 
     def describe(self) -> dict:

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from ansor.callbacks import RecordToDatabase, RoundCallback, TuningCallback
 from ansor.costmodel.model import CostModel
-from ansor.database import Database, default_database_path
+from ansor.database import Database, open_database
 from ansor.measure import TimingPolicy
 from ansor.measurer import ProgramMeasurer
 from ansor.search.policy import SearchPolicy
@@ -38,13 +38,6 @@ TUNE_DEFAULTS = {
 MIN_TRANSFER_PROGRAMS = 64     # fewer than this: not worth starting from
 
 POLICIES = ("sketch.xgb", "sketch.random", "basic")
-
-
-def open_database(database: Database | str | None) -> tuple[Database, bool]:
-    """(database, whether the caller owns it and must close it)."""
-    if isinstance(database, Database):
-        return database, False
-    return Database(database if database is not None else default_database_path()), True
 
 
 def model_path(db: Database, target_key: str) -> Path | None:

@@ -50,10 +50,9 @@ FAILED_COST = 1e9
 
 #: Minimum sample weight of a program. Weights are the labels themselves (fast programs
 #: matter most), so without a floor failed programs (label 0) would carry no information.
-#: The reference's near-zero floor also lets the model ignore most slow programs: on 1,400
-#: measured matmul programs, 80/20 splits over 3 seeds, raising the floor from 0.01 to 0.3
-#: lifted pairwise ranking accuracy from 0.77 to 0.82 and R^2 from 0.75 to 0.82 with the same
-#: top-10 recall.
+#: The reference's near-zero floor also lets the model ignore most slow programs, whose order
+#: still guides the search away from them; this floor ranks programs better for the same
+#: top-10 recall (BENCHMARKS.md).
 WEIGHT_FLOOR = 0.3
 
 _SAVE_FORMAT = "ansor.costmodel.XGBModel"
@@ -484,8 +483,8 @@ def _ordered_pairs(pred: Sequence[float], true: Sequence[float], groups: Sequenc
 
 
 #: Relative difference below which two measured programs count as equally fast when
-#: judging a model's ranking: the spread of repeated measurements of one program is about
-#: 3% on the 2-core machines this was tuned on.
+#: judging a model's ranking: repeated measurements of one program spread by less than this
+#: (BENCHMARKS.md), so a closer pair's true order is itself a coin flip.
 NOISE_MARGIN = 0.05
 
 

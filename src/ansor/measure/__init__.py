@@ -5,11 +5,19 @@ against a reference and times it in an isolated worker process. Failures are res
 `MeasureErrorNo`, never exceptions.
 """
 
-from .build import DEFAULT_CFLAGS, Builder, BuildResult, default_cache_dir
+from .build import (
+    DEFAULT_CFLAGS,
+    Builder,
+    BuildResult,
+    CompilerNotFoundError,
+    check_compiler,
+    default_cache_dir,
+    default_compiler,
+)
 from .check import check_outputs, default_tolerances
 from .errors import MeasureErrorNo
 from .library import KernelLibrary
-from .memory import aligned_copy, aligned_empty
+from ansor.memory import aligned_copy, aligned_empty
 from .run import FAILED_COST, Runner, RunResult, evaluate_kernel, time_function
 from .timing import TimingPolicy
 
@@ -18,6 +26,7 @@ __all__ = [
     "FAILED_COST",
     "BuildResult",
     "Builder",
+    "CompilerNotFoundError",
     "KernelLibrary",
     "MeasureErrorNo",
     "RunResult",
@@ -25,8 +34,10 @@ __all__ = [
     "TimingPolicy",
     "aligned_copy",
     "aligned_empty",
+    "check_compiler",
     "check_outputs",
     "default_cache_dir",
+    "default_compiler",
     "default_tolerances",
     "evaluate_kernel",
     "time_function",

@@ -1,13 +1,16 @@
 """Compile C kernel sources to shared libraries: in parallel, with timeouts, cached by source hash.
 
 Compiling costs more than timing (a few hundred ms per kernel), so every library is kept under
-`<cache_dir>/<sha256>.so` and a source seen before is never compiled again.
+`<cache_dir>/<sha256>.so` and a source seen before is never compiled again. The compiler is
+`$CC` when set, else gcc; `check_compiler` tells before any work whether it can be found.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -17,23 +20,55 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from ansor.process_lifetime import child_preexec_bound_to_this_thread
+
 from .errors import MeasureErrorNo
 
 DEFAULT_CFLAGS: tuple[str, ...] = (
     "-O3",
     "-march=native",
     "-mprefer-vector-width=512",  # gcc 12 picks 256-bit vectors on AVX-512 CPUs otherwise
-    "-fno-math-errno",  # sqrtf may then be one instruction: a loop calling it can vectorize (LayerNorm 13 -> 2.5 ms)
+    "-fno-math-errno",  # sqrtf may then be one instruction, so a loop calling it can vectorize
     "-fno-trapping-math",  # lets gcc turn branches into selects without AVX-512 masks (AVX2 machines):
                            # otherwise a clamp in ansor_expf & co. stops the loop from vectorizing
-    "-freciprocal-math",  # x / s with s fixed in the loop becomes x * (1/s): softmax's normalization
-                          # (0.272 -> 0.246 ms); at most an ulp more error, inside the output check
+    "-freciprocal-math",  # x / s with s fixed in the loop becomes x * (1/s) (softmax's normalization);
+                          # at most an ulp more error, inside the output check
     "-fopenmp",
     "-fPIC",
     "-shared",
 )
 LINK_FLAGS: tuple[str, ...] = ("-lm",)
 MAX_ERROR_CHARS = 2000
+
+
+class CompilerNotFoundError(RuntimeError):
+    """No C compiler under the configured name: every program would fail to build."""
+
+
+def default_compiler() -> str:
+    """The C compiler command: `$CC` when set (split like a shell, e.g. "ccache gcc"), else gcc."""
+    return os.environ.get("CC", "").strip() or "gcc"
+
+
+def check_compiler(compiler: str | None = None) -> str:
+    """The path of the compiler's program (default: `default_compiler()`).
+
+    Raises CompilerNotFoundError, one line naming the compiler and how to get one, so a job
+    without a compiler stops before any search instead of recording every program as failed.
+    """
+    command = compiler if compiler is not None else default_compiler()
+    try:
+        words = shlex.split(command)
+    except ValueError:  # an unbalanced quote
+        words = [command]
+    program = words[0] if words else ""
+    path = shutil.which(program) if program else None
+    if path is None:
+        origin = " (from $CC)" if compiler is None and os.environ.get("CC", "").strip() else ""
+        raise CompilerNotFoundError(
+            f"C compiler {program or command!r}{origin} not found: install gcc "
+            f"(e.g. `apt install gcc`, `dnf install gcc`) or set CC to a C compiler with OpenMP")
+    return path
 
 
 def default_cache_dir() -> Path:
@@ -65,13 +100,13 @@ class Builder:
         cache_dir: str | Path | None = None,
         n_parallel: int | None = None,
         timeout: float = 30.0,
-        compiler: str = "gcc",
+        compiler: str | None = None,
         cflags: tuple[str, ...] = DEFAULT_CFLAGS,
     ) -> None:
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.n_parallel = max(1, n_parallel or os.cpu_count() or 1)
         self.timeout = timeout
-        self.compiler = compiler
+        self.compiler = compiler if compiler is not None else default_compiler()
         self.cflags = tuple(cflags)
 
     def source_hash(self, source: str) -> str:
@@ -111,7 +146,7 @@ class Builder:
         _write_atomically(c_path, source.encode())
         fd, tmp_lib = tempfile.mkstemp(prefix=f".{source_hash}.", suffix=".so", dir=self.cache_dir)
         os.close(fd)
-        command = [self.compiler, *self.cflags, "-o", tmp_lib, str(c_path), *LINK_FLAGS]
+        command = [*shlex.split(self.compiler), *self.cflags, "-o", tmp_lib, str(c_path), *LINK_FLAGS]
         start = time.perf_counter()
         try:
             error_no, error_msg = _run_compiler(command, self.timeout)
@@ -127,7 +162,11 @@ class Builder:
 
 
 def _run_compiler(command: list[str], timeout: float) -> tuple[int, str]:
-    """Run the compiler; on timeout kill its whole process group (gcc's cc1 is a grandchild)."""
+    """Run the compiler; on timeout kill its whole process group (gcc's cc1 is a grandchild).
+
+    Its own session keeps a terminal's Ctrl-C away from it (the tuner decides); the
+    parent-death signal ends it if the tuner is killed (this thread waits for it).
+    """
     try:
         proc = subprocess.Popen(
             command,
@@ -135,6 +174,7 @@ def _run_compiler(command: list[str], timeout: float) -> tuple[int, str]:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=child_preexec_bound_to_this_thread(),
         )
     except OSError as err:
         return MeasureErrorNo.COMPILE_HOST, f"cannot run compiler {command[0]!r}: {err}"

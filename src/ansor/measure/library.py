@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .memory import aligned_empty
+from ansor.memory import aligned_empty
 
 _openmp_pinned = False
 

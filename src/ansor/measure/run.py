@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -25,7 +26,7 @@ import numpy as np
 from .check import check_outputs, unwritten_like
 from .errors import MeasureErrorNo
 from .library import KernelLibrary
-from .memory import aligned_copy
+from ansor.memory import aligned_copy
 from .timing import TimingPolicy, measure_costs
 
 FAILED_COST = 1e10  # the cost of a failed measurement, as in TVM's logs
@@ -132,7 +133,7 @@ class RunRequest:
 
 
 # The worker imports ansor.measure without running the package __init__ files, which may pull
-# in the whole tuner; measurement needs only numpy and this subpackage.
+# in the whole tuner; measurement needs only numpy, this subpackage and ansor.process_lifetime.
 _WORKER_BOOTSTRAP = """\
 import sys, types
 package_dir = sys.argv[1]
@@ -141,7 +142,7 @@ for name, path in (("ansor", package_dir), ("ansor.measure", package_dir + "/mea
     module.__path__ = [path]
     sys.modules[name] = module
 from ansor.measure.worker import main
-main(int(sys.argv[2]))
+main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1")
 """
 
 
@@ -252,10 +253,16 @@ class Runner:
         self._stop_worker()
         parent_conn, child_conn = Pipe(duplex=True)
         package_dir = str(Path(__file__).resolve().parent.parent)
-        command = [sys.executable, "-c", _WORKER_BOOTSTRAP, package_dir, str(child_conn.fileno())]
+        # the worker's parent-death signal follows this thread, so it must know which one it is
+        from_main_thread = threading.current_thread() is threading.main_thread()
+        command = [sys.executable, "-c", _WORKER_BOOTSTRAP, package_dir, str(child_conn.fileno()),
+                   str(os.getpid()), "1" if from_main_thread else "0"]
         try:
+            # its own session: a terminal's Ctrl-C, sent to the foreground process group, must
+            # not reach it even while it starts (the tuner decides how to stop)
             process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, pass_fds=(child_conn.fileno(),)
+                command, stdin=subprocess.DEVNULL, pass_fds=(child_conn.fileno(),),
+                start_new_session=True,
             )
         except BaseException:
             parent_conn.close()

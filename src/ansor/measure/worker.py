@@ -6,28 +6,17 @@ process so that their crashes and hangs cannot reach the tuner. Only small resul
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
-import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
 
 import numpy as np
 
+from ansor.process_lifetime import bind_to_parent
+
 from .errors import MeasureErrorNo
 from .run import RunRequest, RunResult, evaluate_kernel
-
-PARENT_CHECK_SECONDS = 1.0
-
-
-def _exit_when_orphaned(parent_pid: int) -> None:
-    """A kernel stuck in a loop never reads the closed pipe; leave when the parent is gone."""
-    while True:
-        time.sleep(PARENT_CHECK_SECONDS)
-        if os.getppid() != parent_pid:
-            os._exit(1)
 
 
 class _TaskArrays:
@@ -73,13 +62,12 @@ def serve(conn: Connection) -> None:
             return
 
 
-def main(fd: int) -> None:
-    """Entry point of the worker process."""
-    # Ctrl-C in a terminal reaches the whole process group; the parent decides what to do.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
+def main(fd: int, parent_pid: int, creator_is_main_thread: bool) -> None:
+    """Entry point of the worker process. A closed pipe ends it between runs; a kernel stuck in
+    a loop never reads the pipe, so the worker is also bound to the parent's life."""
+    bind_to_parent(parent_pid, creator_is_main_thread)
     serve(Connection(fd))
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1")

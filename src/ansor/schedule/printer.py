@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ansor.schedule.relations import iterator_extents
 from ansor.te import expr as E
 from ansor.te.printer import expr_to_str
 
@@ -54,8 +55,6 @@ def _print_stage(state, sid: int, indent: int, lines: list[str], canonical: bool
 
 def _fused_parts(st) -> dict[str, str]:
     """Fused iterator name -> the extents of the loops it fuses, e.g. "1*4*7"."""
-    from ansor.schedule.relations import iterator_extents
-
     fuses = [rel for rel in st.relations if not hasattr(rel, "parent")]
     if not fuses or st.op is None:
         return {}

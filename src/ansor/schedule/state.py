@@ -13,6 +13,26 @@ from dataclasses import dataclass, replace
 from typing import Sequence, Union
 
 from ansor.dag import ComputeDAG, StageInfo, analyze_ops
+from ansor.schedule.errors import ScheduleError
+from ansor.schedule.printer import state_to_str
+from ansor.schedule.relations import leaf_expressions
+from ansor.schedule.steps import (
+    AnnotateStep,
+    CacheReadStep,
+    CacheWriteStep,
+    ComputeAtStep,
+    ComputeInlineStep,
+    ComputeRootStep,
+    FollowFusedSplitStep,
+    FollowSplitStep,
+    FuseStep,
+    LayoutStep,
+    PragmaStep,
+    ReorderStep,
+    RfactorStep,
+    SplitStep,
+    Step,
+)
 from ansor.te import expr as E
 from ansor.te.tensor import ComputeOp, PlaceholderOp, Tensor
 
@@ -20,10 +40,6 @@ ANNOTATIONS = ("none", "unroll", "vectorize", "parallel", "vthread", "blockIdx.x
                "blockIdx.y", "threadIdx.y", "blockIdx.z", "threadIdx.z")
 GPU_BINDINGS = ANNOTATIONS[4:]
 SCOPES = ("global", "local", "shared")
-
-
-class ScheduleError(ValueError):
-    """An illegal schedule step; the message names the stage and iterator."""
 
 
 @dataclass(frozen=True)
@@ -148,7 +164,7 @@ class State:
     def __init__(self, dag: ComputeDAG):
         self.dag = dag
         self.stages = [Stage(t, t.op, name) for t, name in zip(dag.tensors, dag.names)]
-        self.steps: list = []
+        self.steps: list[Step] = []
         self._infos: list[StageInfo] | None = None
         self._rewrite_end = 0  # steps[:_rewrite_end] made the current stage list (cache stages, rfactor)
         self._key: str | None = None
@@ -247,7 +263,7 @@ class State:
                 if isinstance(s.attach, tuple) and s.attach[0] == stage_name
                 and (iter_name is None or s.attach[1] == iter_name)]
 
-    def _record(self, step) -> None:
+    def _record(self, step: Step) -> None:
         self.steps.append(step)
         self._key = None
         self._bodies = {}
@@ -274,8 +290,6 @@ class State:
               inner_to_outer: bool = True) -> list[Iterator]:
         """Split an iterator into len(lengths)+1 pieces; `lengths` are the inner pieces
         (outer to inner) when inner_to_outer, else the outer pieces. Non-divisible is allowed."""
-        from ansor.schedule.steps import SplitStep
-
         lengths = tuple(None if n is None else int(n) for n in lengths)
         sid, idx, extent, pieces = self._split(stage, iterator, lengths, inner_to_outer)
         self._record(SplitStep(sid, idx, extent, lengths, inner_to_outer))
@@ -284,8 +298,6 @@ class State:
     def follow_split(self, stage: StageRef, iterator: IterRef, src_step_id: int, n_split: int) -> list[Iterator]:
         """Split like an earlier split step: its first n_split-1 lengths, then the product of the
         rest (so a consumer is tiled like its producer)."""
-        from ansor.schedule.steps import FollowSplitStep, SplitStep
-
         src = self._step(src_step_id, SplitStep)
         if not 1 <= n_split <= len(src.lengths):
             raise ScheduleError(f"follow_split: n_split {n_split} out of range for step {src_step_id}")
@@ -300,8 +312,6 @@ class State:
                            level: int, factor_or_nparts: bool = True) -> list[Iterator]:
         """Split by the product of lengths[level] of several earlier split steps (GPU cooperative
         fetching uses the consumer's thread count)."""
-        from ansor.schedule.steps import FollowFusedSplitStep, SplitStep
-
         length: int | None = 1
         for sid_ in src_step_ids:
             src = self._step(sid_, SplitStep)
@@ -341,8 +351,6 @@ class State:
 
     def fuse(self, stage: StageRef, iterators: Sequence[IterRef]) -> Iterator:
         """Fuse consecutive iterators of one kind into one."""
-        from ansor.schedule.steps import FuseStep
-
         sid, st = self._compute_stage(stage, "fuse")
         ids = [st.iter_index(r) for r in iterators]
         if not ids:
@@ -376,8 +384,6 @@ class State:
 
     def reorder(self, stage: StageRef, order: Sequence[IterRef]) -> None:
         """New loop order, outer to inner, naming every iterator once."""
-        from ansor.schedule.steps import ReorderStep
-
         sid, st = self._compute_stage(stage, "reorder")
         ids = [st.iter_index(r) for r in order]
         if sorted(ids) != list(range(len(st.iters))):
@@ -388,8 +394,6 @@ class State:
 
     def annotate(self, stage: StageRef, iterator: IterRef, annotation: str) -> None:
         """Mark a loop parallel, vectorized, unrolled or bound to a GPU thread axis."""
-        from ansor.schedule.steps import AnnotateStep
-
         sid, st = self._compute_stage(stage, "annotate")
         idx = st.iter_index(iterator)
         it = st.iters[idx]
@@ -417,8 +421,6 @@ class State:
     def pragma(self, stage: StageRef, iterator: IterRef, pragma: str) -> None:
         """Only `auto_unroll_max_step$N`: unroll every loop nest under this stage whose total
         iteration count is at most N."""
-        from ansor.schedule.steps import PragmaStep
-
         sid, st = self._compute_stage(stage, "pragma")
         idx = st.iter_index(iterator)
         prefix = "auto_unroll_max_step$"
@@ -431,8 +433,6 @@ class State:
     def compute_at(self, stage: StageRef, target: StageRef, iterator: IterRef) -> None:
         """Compute `stage` inside the loop `iterator` of its consumer `target`, only the region
         that one iteration needs."""
-        from ansor.schedule.steps import ComputeAtStep
-
         sid, st = self._compute_stage(stage, "compute_at")
         tid, tgt = self._compute_stage(target, "compute_at")
         idx = tgt.iter_index(iterator)
@@ -463,8 +463,6 @@ class State:
 
     def compute_inline(self, stage: StageRef) -> None:
         """Substitute an elementwise stage's expression into its consumers."""
-        from ansor.schedule.steps import ComputeInlineStep
-
         sid, st = self._compute_stage(stage, "compute_inline")
         if st.op.reduce_axes:
             raise ScheduleError(f"compute_inline: stage {st.name!r} is a reduction")
@@ -476,8 +474,6 @@ class State:
         self._record(ComputeInlineStep(sid))
 
     def compute_root(self, stage: StageRef) -> None:
-        from ansor.schedule.steps import ComputeRootStep
-
         sid, st = self._compute_stage(stage, "compute_root")
         st.attach = "root"
         self._record(ComputeRootStep(sid))
@@ -485,8 +481,6 @@ class State:
     def cache_write(self, stage: StageRef, scope: str = "local") -> int:
         """Compute the stage into a new cache stage (inserted before it); the stage becomes a copy
         out of the cache. Returns the cache stage's index."""
-        from ansor.schedule.steps import CacheWriteStep
-
         sid, st = self._compute_stage(stage, "cache_write")
         self._check_scope(scope, st)
         if not st.is_fresh or st.attach != "root" or self.attached_to(st.name):
@@ -510,8 +504,6 @@ class State:
     def cache_read(self, stage: StageRef, scope: str, readers: Sequence[StageRef]) -> int:
         """Copy a tensor into a new stage read by `readers` instead (e.g. into shared memory).
         Returns the new stage's index (just after the stage)."""
-        from ansor.schedule.steps import CacheReadStep
-
         sid = self.stage_id(stage)
         st = self.stages[sid]
         if st.attach == "inline":
@@ -543,9 +535,6 @@ class State:
         """Factor a reduction: the reduce iterator becomes a spatial axis (at position
         `factor_axis`) of a new stage of partial results, which the stage then reduces.
         Returns the new stage's index; both stages restart from fresh loops."""
-        from ansor.schedule.steps import RfactorStep
-        from ansor.schedule.relations import leaf_expressions
-
         sid, st = self._compute_stage(stage, "rfactor")
         idx = st.iter_index(iterator)
         it = st.iters[idx]
@@ -608,8 +597,6 @@ class State:
         position in the tile innermost (Ansor's layout rewrite). The tile follows an earlier
         split: the product of its lengths from `level` on, so a consumer tiled by that split
         reads the buffer contiguously."""
-        from ansor.schedule.steps import LayoutStep, SplitStep
-
         sid, st = self._compute_stage(stage, "transform_layout")
         if not 0 <= dim < len(st.op.shape):
             raise ScheduleError(f"transform_layout on {st.name!r}: dimension {dim} out of range")
@@ -636,27 +623,23 @@ class State:
         return cand
 
     # replay and identity -------------------------------------------------------------------
-    def apply_steps(self, steps: Sequence) -> "State":
+    def apply_steps(self, steps: Sequence[Step]) -> "State":
         for step in steps:
             step.apply(self)
         return self
 
     @classmethod
-    def replay(cls, dag: ComputeDAG, steps: Sequence) -> "State":
+    def replay(cls, dag: ComputeDAG, steps: Sequence[Step]) -> "State":
         return cls(dag).apply_steps(steps)
 
     def key(self) -> str:
         """Canonical text of the loop nest: equal keys mean the same program (cached; every
         primitive clears it)."""
         if self._key is None:
-            from ansor.schedule.printer import state_to_str
-
             self._key = state_to_str(self, canonical=True)
         return self._key
 
     def __str__(self) -> str:
-        from ansor.schedule.printer import state_to_str
-
         return state_to_str(self)
 
     def steps_json(self) -> list:

@@ -3,15 +3,21 @@
 Each step names its stage by index into the stage list at the moment it applies (cache_read,
 cache_write and rfactor insert stages and shift later indices, exactly as on replay). The JSON
 form is `[tag, fields...]`, after the tags of the reference Ansor log format.
+
+Steps are data: they know the State only as the object whose primitive they call (the State
+records them), so this module sits below state.py and imports it for type checking alone.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from ansor.schedule.state import ScheduleError, State
+from ansor.schedule.errors import ScheduleError
+
+if TYPE_CHECKING:
+    from ansor.schedule.state import State
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import functools
 import random
+from dataclasses import replace as _replace
+
+from ansor.schedule.relations import root_axes_of, root_axis_of
+from ansor.schedule.state import ScheduleError, State
+from ansor.schedule.steps import SplitStep
+from ansor.search.params import SearchParams
+from ansor.te import expr as E
 
 
 @functools.lru_cache(maxsize=None)
@@ -53,13 +60,6 @@ def sample_factors(extent: int, n: int, rng: random.Random, max_innermost: int =
 # random annotation of a sketch into a complete program (CPU init rules, in Ansor's order:
 # fill tile sizes, change compute locations, parallel, unroll, vectorize)
 
-from dataclasses import replace as _replace  # noqa: E402
-
-from ansor.schedule.relations import root_axes_of, root_axis_of  # noqa: E402
-from ansor.schedule.state import ScheduleError, State  # noqa: E402
-from ansor.te import expr as E  # noqa: E402
-from ansor.schedule.steps import SplitStep  # noqa: E402
-
 
 def _undecided(step) -> bool:
     return isinstance(step, SplitStep) and any(n is None for n in step.lengths)
@@ -91,10 +91,10 @@ REGISTER_ACCUMULATORS = 24  # default register-tile budget in vectors (of AVX-51
                             # hold the operands of one step of the reduction)
 
 
-def register_tile_vectors(params: dict, vector_registers: int) -> int:
+def register_tile_vectors(params: SearchParams, vector_registers: int) -> int:
     """The register tile's budget in accumulator vectors: the parameter, or three quarters of
     the target's registers when it is 0."""
-    return params["register_tile_vectors"] or (3 * vector_registers) // 4
+    return params.register_tile_vectors or (3 * vector_registers) // 4
 
 
 def fill_tile_sizes(dag, steps: list, rng: random.Random, max_innermost: int, vector_lanes: int = 0,
@@ -129,8 +129,8 @@ def _register_tile(dag, steps: list, register: set[int], rng: random.Random, max
     full vectors. The axis whose innermost loop annotation vectorizes (output columns, or
     channels where the weights are packed) draws first, a multiple of the lanes where its
     extent has one; the other axes then draw among the lengths that still fit. (Drawing every
-    axis freely and retrying left most of a convolution's register tiles over the 96-float
-    AVX2 budget, and a tile whose vectorized loop is 1 or 4 long is a tile of scalars.)"""
+    axis freely and retrying would leave most of a convolution's register tiles over the
+    96-float AVX2 budget, and a tile whose vectorized loop is 1 or 4 long is a tile of scalars.)"""
     vectorized = innermost_loop_splits(dag, tuple(steps))
     room: dict[int, int] = {}  # floats left in each stage's tile
     drawn: dict[int, tuple[int, ...]] = {}
@@ -264,10 +264,9 @@ def change_compute_locations(state: State, rng: random.Random, fused_prob: float
     Programs without a free reduction (a convolution's padding is elementwise) draw as before.
 
     Why the joint draw: drawn one by one, row statistics (softmax's max and sum, LayerNorm's
-    mean and variance with their partial sums) all land in the output's row loop, where a row
-    is read from memory once, in only 4-7% of the programs. Softmax's fastest programs are
-    those: with the joint draw a 300-trial search measured 201 of them instead of 13, and its
-    best ran 0.057-0.059 ms against 0.061-0.064 ms before, timed in turns (BENCHMARKS.md)."""
+    mean and variance with their partial sums) seldom all land in the output's row loop, where
+    a row is read from memory once, and softmax's fastest programs are those: the joint draw
+    lets a search measure many of them (BENCHMARKS.md)."""
     fused: bool | None = None
     for sid in reversed(range(len(state.stages))):
         st = state.stages[sid]
@@ -373,20 +372,20 @@ def _split_for_vectorize(state: State, sid: int, rng: random.Random, max_size: i
     return 1
 
 
-def annotate(sketch_steps: list, dag, rng: random.Random, params: dict, num_cores: int,
+def annotate(sketch_steps: list, dag, rng: random.Random, params: SearchParams, num_cores: int,
              vector_lanes: int = 0, vector_registers: int = 32) -> State | None:
     """One complete program from a sketch, or None if the sample turned out illegal.
     `vector_lanes` (float32 lanes of the target's vector unit) biases innermost tiles;
     `vector_registers` bounds register tiles."""
     try:
-        s = fill_tile_sizes(dag, sketch_steps, rng, params["max_innermost_split_factor"], vector_lanes,
-                            params["register_tile_prob"], register_tile_vectors(params, vector_registers))
-        if not params["disable_change_compute_location"]:
-            change_compute_locations(s, rng, params["fused_location_prob"])
+        s = fill_tile_sizes(dag, sketch_steps, rng, params.max_innermost_split_factor, vector_lanes,
+                            params.register_tile_prob, register_tile_vectors(params, vector_registers))
+        if not params.disable_change_compute_location:
+            change_compute_locations(s, rng, params.fused_location_prob)
         cores = max(1, num_cores)
-        annotate_parallel(s, rng, params["parallel_degree_per_core"] * cores, params["min_parallel_per_core"] * cores)
-        annotate_unroll(s, rng, params["auto_unroll_max_step_choices"])
-        annotate_vectorize(s, rng, params["max_vectorize_size"])
+        annotate_parallel(s, rng, params.parallel_degree_per_core * cores, params.min_parallel_per_core * cores)
+        annotate_unroll(s, rng, params.auto_unroll_max_step_choices)
+        annotate_vectorize(s, rng, params.max_vectorize_size)
     except ScheduleError:
         return None
     return s

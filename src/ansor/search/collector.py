@@ -4,7 +4,7 @@ Replaying, lowering and featurizing a program build tens of thousands of short-l
 and no reference cycles (they are freed by reference counting the moment they are dropped;
 recursive helpers release their closures on return so that this stays true). The collector
 still runs a young-generation pass every 700 net allocations and, now and then, a pass over
-the whole heap, which together cost about a fifth of a search round. Pausing it for the
+the whole heap: a sizeable share of a search round spent finding nothing. Pausing it for the
 length of a round (or of a worker's chunk) and resuming it afterwards loses nothing: a cycle
 made meanwhile is collected at the next pass.
 """

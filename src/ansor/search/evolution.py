@@ -18,6 +18,7 @@ from ansor.schedule.state import ScheduleError, State
 from ansor.schedule.steps import (AnnotateStep, ComputeAtStep, ComputeInlineStep, ComputeRootStep, FuseStep,
                                   PragmaStep, SplitStep, Step)
 from ansor.search.annotate import compute_location_candidates, divisors, location_is_free, multi_level_splits
+from ansor.search.params import SearchParams
 
 ScoreFn = Callable[[Sequence[State]], np.ndarray]
 
@@ -32,9 +33,9 @@ def _replay(dag, steps: Sequence[Step]) -> State | None:
 # ---------------------------------------------------------------------------------------------
 # mutations: each returns a new State or None
 
-def mutate_tile_size(state: State, rng: random.Random, params: dict) -> State | None:
+def mutate_tile_size(state: State, rng: random.Random, params: SearchParams) -> State | None:
     """Move a factor between two levels of one split; the product (the extent) is preserved."""
-    max_inner = params["max_innermost_split_factor"]
+    max_inner = params.max_innermost_split_factor
     candidates = [i for i, s in enumerate(state.steps)
                   if isinstance(s, SplitStep) and s.extent and s.extent > 1 and s.inner_to_outer
                   and all(n is not None for n in s.lengths)]
@@ -76,7 +77,7 @@ def _levels(step: SplitStep) -> list[int] | None:
     return [step.extent // prod, *step.lengths]
 
 
-def mutate_tile_shape(state: State, rng: random.Random, params: dict) -> State | None:
+def mutate_tile_shape(state: State, rng: random.Random, params: SearchParams) -> State | None:
     """Reshape a stage's innermost tile: move a factor from one tiled axis's innermost level to
     another's, its volume unchanged; each axis gives or takes the factor back at one of its
     outer levels (not the second innermost: a register tile keeps its 1 there), so both
@@ -84,9 +85,9 @@ def mutate_tile_shape(state: State, rng: random.Random, params: dict) -> State |
 
     Why: `mutate_tile_size` edits one axis at a time, so going from a 1x64 register tile to
     4x16 passes through 4x64 (over the registers) or 1x16 (too little reuse), both slow: the
-    model never breeds past them. Here it is one step. (No weight by default: in the runs so
-    far the model seldom ranked the reshaped children high; see BENCHMARKS.md.)"""
-    max_inner = params["max_innermost_split_factor"]
+    model never breeds past them. Here it is one step. (No weight by default: the model seldom
+    ranks the reshaped children high, so they are seldom measured; see BENCHMARKS.md.)"""
+    max_inner = params.max_innermost_split_factor
     tiled: dict[int, list[int]] = {}  # stage -> indices of its multi-level spatial splits
     for i in multi_level_splits(state.steps):
         s = state.steps[i]
@@ -121,20 +122,20 @@ def mutate_tile_shape(state: State, rng: random.Random, params: dict) -> State |
     return None
 
 
-def mutate_auto_unroll(state: State, rng: random.Random, params: dict) -> State | None:
+def mutate_auto_unroll(state: State, rng: random.Random, params: SearchParams) -> State | None:
     pragmas = [i for i, s in enumerate(state.steps) if isinstance(s, PragmaStep)]
     if not pragmas:
         return None
     idx = rng.choice(pragmas)
     current = state.steps[idx].pragma
-    options = [f"auto_unroll_max_step${v}" for v in params["auto_unroll_max_step_choices"]]
+    options = [f"auto_unroll_max_step${v}" for v in params.auto_unroll_max_step_choices]
     options = [o for o in options if o != current]
     steps = list(state.steps)
     steps[idx] = replace(steps[idx], pragma=rng.choice(options))
     return _replay(state.dag, steps)
 
 
-def mutate_compute_location(state: State, rng: random.Random, params: dict) -> State | None:
+def mutate_compute_location(state: State, rng: random.Random, params: SearchParams) -> State | None:
     """Move a stage whose location is free: a computed-at stage to another loop of its
     consumers, or a root stage into one of them (its parallel loop, which only a root stage
     has, given up). Why the second: random annotation leaves LayerNorm's and softmax's row
@@ -230,7 +231,7 @@ def _shift_iters(steps: Sequence[Step], sid: int, shift: int) -> list[Step] | No
     return out
 
 
-def mutate_parallel(state: State, rng: random.Random, params: dict) -> State | None:
+def mutate_parallel(state: State, rng: random.Random, params: SearchParams) -> State | None:
     """Change how many outer loops are fused into the parallel loop."""
     spots = [i for i in range(len(state.steps)) if _parallel_fuse_at(state.steps, i)]
     if not spots:
@@ -325,7 +326,7 @@ def as_state(program: Program) -> State:
 
 
 def breed_one(op: str, parent: Program, other: Program | None, rng: random.Random,
-              params: dict) -> State | None:
+              params: SearchParams) -> State | None:
     """Apply one operation (a mutation rule or "crossover") to its parents."""
     if op == "crossover":
         return crossover(parent, other, rng)
@@ -342,7 +343,7 @@ def chunk_seed(seed: int, chunk: int) -> int:
     return seed * 1_000_003 + chunk
 
 
-def breed_locally(orders: list, seed: int, params: dict) -> list[State | None]:
+def breed_locally(orders: list, seed: int, params: SearchParams) -> list[State | None]:
     """Children of `orders`, in this process (the reference for the parallel breeder)."""
     out: list[State | None] = []
     for c, chunk in enumerate(chunk_orders(orders)):
@@ -354,7 +355,7 @@ def breed_locally(orders: list, seed: int, params: dict) -> list[State | None]:
 # ---------------------------------------------------------------------------------------------
 # the search
 
-def evolve(population: list[Program], score: ScoreFn, rng: random.Random, params: dict,
+def evolve(population: list[Program], score: ScoreFn, rng: random.Random, params: SearchParams,
            exclude: set[str], out_size: int, num_iters: int | None = None,
            stats: dict | None = None, breed: BreedFn | None = None) -> list[tuple[float, Program]]:
     """Evolve a population for a few generations; return the best (score, program) pairs whose
@@ -362,14 +363,14 @@ def evolve(population: list[Program], score: ScoreFn, rng: random.Random, params
 
     Parents are drawn in this process (roulette wheel on the scores); `breed` turns the drawn
     orders into children, in worker processes when given (default: here)."""
-    num_iters = params["evolutionary_search_num_iters"] if num_iters is None else num_iters
+    num_iters = params.evolutionary_search_num_iters if num_iters is None else num_iters
     breed = breed or (lambda orders, seed: breed_locally(orders, seed, params))
     pop_size = max(len(population), 1)
-    weights = params["mutation_weights"]
+    weights = params.mutation_weights
     names = list(weights)
     rule_cdf = np.cumsum(np.array([weights[n] for n in names], dtype=float))
     rule_cdf /= rule_cdf[-1]
-    p_cross, p_mutate = params["crossover_prob"], params["evolutionary_search_mutation_prob"]
+    p_cross, p_mutate = params.crossover_prob, params.evolutionary_search_mutation_prob
     heap: list[tuple[float, int, Program]] = []
     in_heap: set[str] = set()
     counter = 0

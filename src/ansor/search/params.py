@@ -1,60 +1,94 @@
-"""Every search parameter with its default, in one table (after Ansor's SketchPolicy)."""
+"""Every search parameter with its default, in one typed table (after Ansor's SketchPolicy).
+
+`SearchParams` is frozen: a policy's parameters cannot drift during a job, and the same object
+travels to the worker processes. `search_params(overrides)` refuses unknown names, so a typo is
+an error rather than a silently ignored setting. Why each default is what it is, with the
+measurements behind it, is in BENCHMARKS.md and docs/DESIGN.md.
+"""
 
 from __future__ import annotations
 
-SEARCH_DEFAULTS: dict[str, object] = {
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Mapping
+
+
+def _default_mutation_weights() -> dict[str, float]:
+    # the reference's; "tile_shape" (a factor moved between two axes' innermost tiles) can be
+    # given a weight too, and is off by default
+    return {"tile_size": 0.90, "auto_unroll": 0.04, "compute_location": 0.05, "parallel": 0.01}
+
+
+@dataclass(frozen=True)
+class SearchParams:
+    """The knobs of sketch generation, random annotation, sampling and evolution."""
+
     # sketch generation
-    "cpu_multi_level_tiling_structure": "SSRSRS",
-    "cpu_fusion_levels": (1, 2),
-    "cpu_pack_reused_operands": True,     # also sketch copies of B-like inputs in a tiled layout
+    cpu_multi_level_tiling_structure: str = "SSRSRS"
+    cpu_fusion_levels: tuple[int, ...] = (1, 2)
+    cpu_pack_reused_operands: bool = True     # also sketch copies of B-like inputs in a tiled layout
     # random annotation
-    "max_innermost_split_factor": 64,     # innermost tile length bound
-    "vector_tile_bias": True,             # half the innermost tile draws: a multiple of the vector lanes
-    "register_tile_prob": 0.25,           # share of programs whose spatial tiles are register tiles
-                                          # (second innermost spatial level 1 on every axis)
-    "register_tile_vectors": 0,           # accumulator vectors a register tile may fill; 0: three
-                                          # quarters of the target's vector registers (24 of AVX-512's
-                                          # 32, 12 of AVX2's 16: the rest hold one reduction step's operands)
-    "max_vectorize_size": 64,             # elements in a vectorized loop (64 floats: 4 zmm registers)
-    "auto_unroll_max_step_choices": (0, 16, 64, 512),
-    "parallel_degree_per_core": 16,       # stop fusing outer loops beyond 16 x cores
-    "min_parallel_per_core": 4,           # fuse at least up to 4 x cores parallel iterations
-    "disable_change_compute_location": False,
-    "fused_location_prob": 0.25,          # share of programs whose free reductions (and the free stages
-                                          # after them) all go into consumer loops (ours; the reference
-                                          # draws each stage alone)
+    max_innermost_split_factor: int = 64      # innermost tile length bound
+    vector_tile_bias: bool = True             # half the innermost tile draws: a multiple of the vector lanes
+    register_tile_prob: float = 0.25          # share of programs whose spatial tiles are register tiles
+                                              # (second innermost spatial level 1 on every axis)
+    register_tile_vectors: int = 0            # accumulator vectors a register tile may fill; 0: three
+                                              # quarters of the target's vector registers (the rest hold
+                                              # one reduction step's operands)
+    max_vectorize_size: int = 64              # elements in a vectorized loop
+    auto_unroll_max_step_choices: tuple[int, ...] = (0, 16, 64, 512)
+    parallel_degree_per_core: int = 16        # stop fusing outer loops beyond 16 x cores
+    min_parallel_per_core: int = 4            # fuse at least up to 4 x cores parallel iterations
+    disable_change_compute_location: bool = False
+    fused_location_prob: float = 0.25         # share of programs whose free reductions (and the free
+                                              # stages after them) all go into consumer loops (the
+                                              # reference draws each stage alone)
     # sampling
-    "sample_init_min_population": 50,
-    "sample_init_fresh_ratio": 0.25,      # share of a round's random programs drawn anew; the rest
-                                          # are earlier rounds' unmeasured draws (features cached)
-    "sample_pool_size": 8192,             # earlier draws kept for reuse
-    "max_sample_tries": 8,                # draws per requested program before giving up
+    sample_init_min_population: int = 50
+    sample_init_fresh_ratio: float = 0.25     # share of a round's random programs drawn anew; the rest
+                                              # are earlier rounds' unmeasured draws (features cached)
+    sample_pool_size: int = 8192              # earlier draws kept for reuse
+    max_sample_tries: int = 8                 # draws per requested program before giving up
     # evolutionary search
-    "evolutionary_search_population": 2048,
-    "evolutionary_search_num_iters": 4,
-    "evolutionary_search_mutation_prob": 0.85,
-    "crossover_prob": 0.05,
-    "sample_init_use_measured_ratio": 0.2,
-    "eps_greedy": 0.05,
-    "max_picks_per_tiling": 8,            # a batch measures at most this many programs with the same
-                                          # multi-level tiling (0: no limit; the reference has none)
-    "max_picks_per_inner_tile": 16,       # ... and with the same innermost tile shape (0: no limit):
-                                          # batches kept re-measuring one register tile (8x8) while
-                                          # 4x16 was never tried
-    "feature_cache_size": 100_000,        # programs whose features are kept between rounds
-    "search_workers": 0,                  # processes breeding children and extracting features
-                                          # (0: one per core; 1: all in the search process)
-    "mutation_weights": {"tile_size": 0.90, "auto_unroll": 0.04, "compute_location": 0.05, "parallel": 0.01},
-                                          # the reference's; "tile_shape" (ours, off: see BENCHMARKS.md)
-                                          # can be given a weight too
-}
+    evolutionary_search_population: int = 2048
+    evolutionary_search_num_iters: int = 4
+    evolutionary_search_mutation_prob: float = 0.85
+    crossover_prob: float = 0.05
+    sample_init_use_measured_ratio: float = 0.2
+    eps_greedy: float = 0.05
+    max_picks_per_tiling: int = 8             # a batch measures at most this many programs with the same
+                                              # multi-level tiling (0: no limit; the reference has none)
+    max_picks_per_inner_tile: int = 16        # ... and with the same innermost tile shape (0: no limit),
+                                              # so that a batch is not spent on one register tile
+    feature_cache_size: int = 100_000         # programs whose features are kept between rounds
+    search_workers: int = 0                   # processes breeding children and extracting features
+                                              # (0: one per core; 1: all in the search process)
+    mutation_weights: Mapping[str, float] = field(default_factory=_default_mutation_weights)
+
+    def replace(self, **overrides: Any) -> SearchParams:
+        """A copy with some parameters changed; unknown names are an error."""
+        return search_params(overrides, base=self)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
-def search_params(overrides: dict | None = None) -> dict:
-    """The defaults with `overrides` applied; unknown keys are an error (typos must not pass)."""
-    params = dict(SEARCH_DEFAULTS)
-    for key, value in (overrides or {}).items():
-        if key not in params:
-            raise KeyError(f"unknown search parameter {key!r}; known: {', '.join(sorted(params))}")
-        params[key] = value
-    return params
+#: The defaults as a plain dict (for printing and for scripts that list the knobs).
+SEARCH_DEFAULTS: dict[str, Any] = asdict(SearchParams())
+
+
+def search_params(overrides: Mapping[str, Any] | SearchParams | None = None,
+                  base: SearchParams | None = None) -> SearchParams:
+    """The defaults (or `base`) with `overrides` applied; unknown keys are an error (typos must
+    not pass). A SearchParams object is returned as it is."""
+    if isinstance(overrides, SearchParams):
+        return overrides
+    known = {f.name for f in fields(SearchParams)}
+    unknown = sorted(set(overrides or {}) - known)
+    if unknown:
+        raise KeyError(f"unknown search parameter{'s' if len(unknown) > 1 else ''} "
+                       f"{', '.join(map(repr, unknown))}; known: {', '.join(sorted(known))}")
+    values = dict(overrides or {})
+    for name in ("cpu_fusion_levels", "auto_unroll_max_step_choices"):
+        if name in values:
+            values[name] = tuple(values[name])
+    return replace(base or SearchParams(), **values)

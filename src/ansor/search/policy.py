@@ -3,10 +3,30 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Sequence
 
+from ansor.database import Record
 from ansor.schedule.state import State
 from ansor.task import Task
+
+
+@dataclass(frozen=True)
+class MeasureResult:
+    """A program and the record of its measurement: what a search learns from, whether it was
+    measured just now or read back from the database."""
+
+    state: State
+    record: Record
+
+    @property
+    def ok(self) -> bool:
+        return self.record.ok
+
+    @property
+    def cost(self) -> float:
+        """Median seconds; math.inf for a failed measurement."""
+        return self.record.median_cost
 
 
 class SearchPolicy(ABC):
@@ -21,8 +41,8 @@ class SearchPolicy(ABC):
         """Up to n complete programs whose `key()` is not in measured_keys (fewer when the
         space looks exhausted)."""
 
-    def update(self, results: Sequence) -> None:
-        """Learn from measured results (MeasureResult objects). Default: nothing."""
+    def update(self, results: Sequence[MeasureResult]) -> None:
+        """Learn from measured results. Default: nothing."""
 
     def preload(self, records: Sequence) -> None:
         """Learn from records measured before this job (database Records). Default: nothing."""

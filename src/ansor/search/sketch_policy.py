@@ -9,13 +9,15 @@ from __future__ import annotations
 import math
 import random
 import time
-from typing import Sequence
+from typing import Mapping, Sequence
 
+from ansor.database import Record
+from ansor.replay import replay_records
 from ansor.schedule.state import State
 from ansor.search.annotate import annotate, multi_level_splits
 from ansor.search.collector import collector_paused
-from ansor.search.params import search_params
-from ansor.search.policy import SearchPolicy
+from ansor.search.params import SearchParams, search_params
+from ansor.search.policy import MeasureResult, SearchPolicy
 from ansor.search.sketch import Sketch, SketchContext, SketchRule, generate_sketches
 from ansor.task import Task
 
@@ -24,18 +26,18 @@ class SketchPolicy(SearchPolicy):
     """Samples complete programs: a sketch drawn uniformly, then random annotation; with a cost
     model, evolves them and proposes the most promising."""
 
-    def __init__(self, task: Task, seed: int | None = None, params: dict | None = None,
+    def __init__(self, task: Task, seed: int | None = None, params: Mapping[str, object] | SearchParams | None = None,
                  custom_rules: Sequence[SketchRule] = (), cost_model=None):
         super().__init__(task, seed)
         self.params = search_params(params)
         self.rng = random.Random(seed)
         self.cost_model = cost_model
-        ctx = SketchContext(task.target, self.params["cpu_multi_level_tiling_structure"],
-                            tuple(self.params["cpu_fusion_levels"]), self.params["cpu_pack_reused_operands"])
+        ctx = SketchContext(task.target, self.params.cpu_multi_level_tiling_structure,
+                            tuple(self.params.cpu_fusion_levels), self.params.cpu_pack_reused_operands)
         self.sketches: list[Sketch] = generate_sketches(State(task.dag), ctx, custom_rules)
         if not self.sketches:
             raise ValueError(f"no sketch could be derived for task {task.name!r}")
-        self.vector_lanes = task.target.vector_unit_bytes // 4 if self.params["vector_tile_bias"] else 0
+        self.vector_lanes = task.target.vector_unit_bytes // 4 if self.params.vector_tile_bias else 0
         # what annotation needs of the machine: cores, float32 lanes, vector registers
         self.hardware = (task.target.num_cores, self.vector_lanes, task.target.vector_registers)
         self.measured: list[tuple[float, State]] = []  # (cost, program) of successful measurements
@@ -51,7 +53,7 @@ class SketchPolicy(SearchPolicy):
         out: list[State] = []
         seen = set(exclude or ())
         tries = 0
-        max_tries = n * self.params["max_sample_tries"] + 16
+        max_tries = n * self.params.max_sample_tries + 16
         while len(out) < n and tries < max_tries:
             tries += 1
             sketch = self.rng.choice(self.sketches)
@@ -74,7 +76,7 @@ class SketchPolicy(SearchPolicy):
         out: list = []
         seen = set(exclude)
         sketches = [tuple(s.steps) for s in self.sketches]
-        for _ in range(self.params["max_sample_tries"]):
+        for _ in range(self.params.max_sample_tries):
             want = n - len(out)
             if want <= 0:
                 break
@@ -96,11 +98,11 @@ class SketchPolicy(SearchPolicy):
         the pool keeps growing with every round's fresh draws."""
         p = self.params
         pool = [g for g in self._sample_pool if g.key() not in measured_keys]
-        n_fresh = n if not pool else min(n, max(1, math.ceil(p["sample_init_fresh_ratio"] * n)))
+        n_fresh = n if not pool else min(n, max(1, math.ceil(p.sample_init_fresh_ratio * n)))
         n_reused = min(len(pool), n - n_fresh)
         fresh = self.sample_population(n - n_reused, measured_keys | {g.key() for g in pool})
         reused = self.rng.sample(pool, n_reused)
-        self._sample_pool = (pool + fresh)[-p["sample_pool_size"]:]
+        self._sample_pool = (pool + fresh)[-p.sample_pool_size:]
         return fresh + reused
 
     # --- one round --------------------------------------------------------------------------
@@ -115,16 +117,16 @@ class SketchPolicy(SearchPolicy):
         """Program features, cached across rounds (evolution revisits many programs)."""
         from ansor.costmodel.features import features_for_states
 
-        if len(self._feature_cache) > self.params["feature_cache_size"]:
+        if len(self._feature_cache) > self.params.feature_cache_size:
             self._feature_cache.clear()
         return features_for_states(states, memo=self._feature_cache, extract=self.workers())
 
     def workers(self):
         """The worker pool (None when the search runs in one process)."""
-        if self._workers is None and self.params["search_workers"] != 1:
+        if self._workers is None and self.params.search_workers != 1:
             from ansor.search.workers import SearchWorkers
 
-            self._workers = SearchWorkers(self.task.dag, self.params["search_workers"] or None)
+            self._workers = SearchWorkers(self.task.dag, self.params.search_workers or None)
         return self._workers
 
     def breed(self, orders: list, seed: int) -> list:
@@ -162,19 +164,19 @@ class SketchPolicy(SearchPolicy):
         p = self.params
         self._timers = {"features": 0.0, "predict": 0.0, "breed": 0.0}
         t0 = time.perf_counter()
-        n_measured = min(len(self.measured), int(p["sample_init_use_measured_ratio"] * p["evolutionary_search_population"]))
-        init = self.initial_population(p["evolutionary_search_population"] - n_measured, measured_keys)
+        n_measured = min(len(self.measured), int(p.sample_init_use_measured_ratio * p.evolutionary_search_population))
+        init = self.initial_population(p.evolutionary_search_population - n_measured, measured_keys)
         best_measured = [st for _, st in sorted(self.measured, key=lambda t: t[0])[:n_measured]]
         t1 = time.perf_counter()
-        n_random = int(p["eps_greedy"] * n)
+        n_random = int(p.eps_greedy * n)
         stats: dict = {}
         ranked = evolve(init + best_measured, self.score, self.rng, p, measured_keys, out_size=4 * n, stats=stats,
                         breed=self.breed)
         t2 = time.perf_counter()
         picks: list[State] = []
         chosen: set[str] = set()
-        for st in diverse_best([st for _, st in ranked], n - n_random, p["max_picks_per_tiling"],
-                               p["max_picks_per_inner_tile"]):
+        for st in diverse_best([st for _, st in ranked], n - n_random, p.max_picks_per_tiling,
+                               p.max_picks_per_inner_tile):
             picks.append(as_state(st))
             chosen.add(st.key())
         pool = [st for st in init if st.key() not in chosen and st.key() not in measured_keys]
@@ -208,11 +210,8 @@ class SketchPolicy(SearchPolicy):
             self._workers.close()
             self._workers = None
 
-    def preload(self, records: Sequence) -> None:
+    def preload(self, records: Sequence[Record]) -> None:
         """Learn from earlier records of this task (a resumed or repeated job)."""
-        from ansor.measurer import MeasureResult
-        from ansor.replay import replay_records
-
         results = [MeasureResult(st, rec) for rec, st in replay_records(records, self.task.dag)]
         self.update(results)
 

@@ -1,6 +1,7 @@
 """Worker processes for the search's per-program work: breeding children and extracting their
-features. Both cost about a millisecond of Python per program (replay, lowering, features),
-and one search round handles about ten thousand programs, so they are spread over the cores.
+features. Both are pure Python per program (replay, lowering, features), and one search round
+handles thousands of programs (a population of 2048 over several generations), so they are
+spread over the cores. Every worker ends with the search process (`ansor.process_lifetime`).
 
 Workers receive the ComputeDAG once; after that only steps travel (pickled Step tuples, a
 few hundred bytes each) and features come back. A child is bred and featurized in the same
@@ -12,24 +13,28 @@ from __future__ import annotations
 import multiprocessing
 import os
 import random
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from typing import Sequence
 
 import numpy as np
 
 from ansor.costmodel.features import FEATURE_COUNT, program_features
+from ansor.process_lifetime import bind_to_parent
 from ansor.schedule.state import ScheduleError, State
 from ansor.search.annotate import annotate
 from ansor.search.collector import collector_paused
 from ansor.search.evolution import Genome, as_state, breed_locally, breed_one, chunk_orders, chunk_seed
+from ansor.search.params import SearchParams
 
 _WORKER_DAG = None
 _WORKER_FEATURES: dict[str, np.ndarray] = {}  # key -> features of the programs this worker made
 _WORKER_FEATURES_LIMIT = 20_000  # about 50 MB of feature rows; the memory is dropped when full
 
 
-def _init_worker(dag) -> None:
+def _init_worker(dag, parent_pid: int, creator_is_main_thread: bool) -> None:
     global _WORKER_DAG
+    bind_to_parent(parent_pid, creator_is_main_thread)
     _WORKER_DAG = dag
     _WORKER_FEATURES.clear()  # a forked worker must not inherit another task's memory
 
@@ -107,8 +112,11 @@ class SearchWorkers:
             # fork: no re-import of the user's __main__ (scripts need no main guard); the workers
             # run only Python and numpy, never OpenMP, so forking a threaded parent is safe here
             ctx = multiprocessing.get_context("fork")
+            # A fork-context pool forks all its workers in the thread of the first submit, which
+            # follows right here; their parent-death signal follows that thread.
+            from_main_thread = threading.current_thread() is threading.main_thread()
             self._pool = ProcessPoolExecutor(self.n_workers, mp_context=ctx, initializer=_init_worker,
-                                             initargs=(self.dag,))
+                                             initargs=(self.dag, os.getpid(), from_main_thread))
         return self._pool
 
     def worth_parallel(self, n: int) -> bool:
@@ -127,7 +135,7 @@ class SearchWorkers:
             out.extend(part)
         return out
 
-    def sample(self, sketches: list, count: int, seed: int, params: dict, hardware: tuple[int, int, int],
+    def sample(self, sketches: list, count: int, seed: int, params: SearchParams, hardware: tuple[int, int, int],
                memo: dict) -> list:
         """`count` draws of random annotation (Genomes, None where annotation failed), spread
         over the workers; their features go into `memo`. `hardware`: annotate's (num_cores,
@@ -149,7 +157,7 @@ class SearchWorkers:
                 out.append(Genome(self.dag, steps, key))
         return out
 
-    def breed(self, orders: list, seed: int, params: dict, memo: dict) -> list:
+    def breed(self, orders: list, seed: int, params: SearchParams, memo: dict) -> list:
         """Children of `orders` as Genomes (None where an operation did not apply); their
         features go into `memo`, keyed by program key. Same children as `breed_locally`."""
         if not self.worth_parallel(len(orders)):

@@ -1,4 +1,11 @@
-"""The tensor-expression language: declare what to compute, never how."""
+"""The tensor-expression language: declare what to compute, never how.
+
+`placeholder` declares inputs, `compute` each output element as an expression of its indices,
+`reduce_axis` the axes a `sum`/`max`/`min` runs over (a reduction is the whole body of its
+compute). Expressions combine with Python operators and the math functions here; dtypes never
+mix implicitly (a Python number takes the dtype of the expression it meets, `cast` converts).
+`ops` holds ready operators (matmul, conv2d, softmax, ...) declared the same way.
+"""
 
 from ansor.te.expr import (
     Expr, Var, IterVar, Const, const, cast, if_then_else, maximum, minimum,

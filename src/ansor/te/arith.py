@@ -159,9 +159,7 @@ def _order_key(atom: E.Expr) -> str:
     (never by object identity)."""
     if isinstance(atom, E.Var):
         return atom.name
-    from ansor.te.printer import expr_to_str
-
-    return "~" + expr_to_str(atom)
+    return "~" + E.expr_to_str(atom)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,7 +248,7 @@ class Simplifier:
         """k*(x % m) + k*m*(x // m) -> k*x. Splitting a division at a divisor of its divisor
         (`_split_at_divisor`) turns ((32*i + k) % 1024) + ((32*i + k) // 1024)*1024, which gcc
         folds to 32*i + k itself, into k + 32*(i % 32) + 1024*(i // 32), which it does not (a
-        2-norm's reduction then stopped vectorizing: 0.08 -> 0.25 ms); this puts it back."""
+        2-norm's reduction then stops vectorizing); this puts it back."""
         mods = [(key, atom, coef) for key, (atom, coef) in lin.terms.items()
                 if type(atom) is E.BinOp and atom.op == "%" and type(atom.b) is E.Const]
         if not mods:
@@ -500,7 +498,7 @@ def _split_at_divisor(rest: Linear, c: int, op: str, dtype: str, ranges: Ranges,
     """`rest // c` or `rest % c` where rest = c1*a + b, c1 divides c and b stays in [0, c1):
     a // (c/c1), and (a % (c/c1))*c1 + b. A split loop packed into tiles of 64 gives
     ((16*i0 + i1) % 64) with i1 < 16; rewritten, the index is contiguous in i1 and gcc stores
-    whole vectors instead of one element at a time (batch matmul's packing: 7% of the kernel)."""
+    whole vectors instead of one element at a time (batch matmul's packing, for one)."""
     for c1 in sorted({math.gcd(coef, c) for _, coef in rest.terms.values()} - {1}, reverse=True):
         big = Linear({k: (a, coef // c1) for k, (a, coef) in rest.terms.items() if coef % c1 == 0},
                      rest.const // c1)

@@ -21,6 +21,7 @@ ExprLike = Union["Expr", int, float, bool]
 
 
 def check_dtype(dtype: str) -> str:
+    """The canonical name of a supported dtype (numpy spellings accepted); TypeError otherwise."""
     if dtype in DTYPE_BYTES:  # the common case, without numpy's dtype parsing
         return dtype
     try:
@@ -33,10 +34,12 @@ def check_dtype(dtype: str) -> str:
 
 
 def is_float(dtype: str) -> bool:
+    """Whether `dtype` is float32 or float64."""
     return dtype in FLOAT_DTYPES
 
 
 def is_int(dtype: str) -> bool:
+    """Whether `dtype` is int32 or int64 (bool is neither float nor int)."""
     return dtype in INT_DTYPES
 
 
@@ -131,12 +134,12 @@ class Expr:
         return ()
 
     def __repr__(self) -> str:
-        from ansor.te.printer import expr_to_str
-
         return expr_to_str(self)
 
 
 class Const(Expr):
+    """A constant, its Python value already converted to its dtype (int, float or bool)."""
+
     __slots__ = ("value",)
 
     def __init__(self, value: int | float | bool, dtype: str):
@@ -190,6 +193,8 @@ class BinOp(Expr):
 
 
 class Compare(Expr):
+    """`a op b` for op in < <= > >= == !=: a bool expression of two operands of one dtype."""
+
     __slots__ = ("op", "a", "b")
 
     def __init__(self, op: str, a: Expr, b: Expr):
@@ -200,6 +205,9 @@ class Compare(Expr):
 
 
 class Logical(Expr):
+    """and / or over bool args, or not of one (written & | ~, since Python's own keywords
+    cannot be overloaded)."""
+
     __slots__ = ("op", "args")
 
     def __init__(self, op: str, args: tuple[Expr, ...]):
@@ -234,6 +242,8 @@ class Select(Expr):
 
 
 class Cast(Expr):
+    """`value` converted to `dtype` (made by `cast`)."""
+
     __slots__ = ("value",)
 
     def __init__(self, dtype: str, value: Expr):
@@ -272,7 +282,9 @@ class Reduce(Expr):
 # construction helpers
 
 def const(value: int | float | bool, dtype: str = "float32") -> Const:
-    """A constant of the given dtype."""
+    """The constant `value` as `dtype` (float32 unless given), converted by int(), float() or
+    bool(). A bare Python number in an expression needs no `const`: it takes the dtype of the
+    expression it meets; `const` fixes a dtype where nothing else would (a lone constant body)."""
     return Const(value, dtype)
 
 
@@ -296,6 +308,7 @@ def as_expr(value: ExprLike, like: str | None = None) -> Expr:
 
 
 def as_bool(value: ExprLike) -> Expr:
+    """`value` as a condition; TypeError unless it is a bool expression or a Python bool."""
     e = as_expr(value)
     if e.dtype != "bool":
         raise TypeError(f"expected a condition (bool expression), got dtype {e.dtype}")
@@ -319,6 +332,8 @@ def _unify(a: ExprLike, b: ExprLike) -> tuple[Expr, Expr, str]:
 
 
 def binary(op: str, a: ExprLike, b: ExprLike) -> Expr:
+    """`a op b` for the arithmetic operators, operands unified to one dtype; `/` is for floats,
+    `//` and `%` (floor semantics, as in Python) for integers, none for bools."""
     a, b, dtype = _unify(a, b)
     if dtype == "bool":
         raise TypeError(f"arithmetic {op!r} on bool expressions; use & | ~ for logic")
@@ -330,6 +345,7 @@ def binary(op: str, a: ExprLike, b: ExprLike) -> Expr:
 
 
 def compare(op: str, a: ExprLike, b: ExprLike) -> Expr:
+    """`a op b` for a comparison operator, operands unified to one dtype; the result is bool."""
     a, b, _ = _unify(a, b)
     return Compare(op, a, b)
 
@@ -343,6 +359,10 @@ def all_of(conds: Sequence[Expr]) -> Expr | None:
 
 
 def maximum(a: ExprLike, b: ExprLike) -> Expr:
+    """The elementwise larger of `a` and `b` (two values, not a reduction: see `max`).
+
+    Both operands have one dtype (a Python number takes the other's; two integer dtypes widen
+    to int64; float and int need a `cast`); bool is refused."""
     a, b, dtype = _unify(a, b)
     if dtype == "bool":
         raise TypeError("maximum of bool expressions; use | for logic")
@@ -350,6 +370,8 @@ def maximum(a: ExprLike, b: ExprLike) -> Expr:
 
 
 def minimum(a: ExprLike, b: ExprLike) -> Expr:
+    """The elementwise smaller of `a` and `b` (two values, not a reduction: see `min`); dtype
+    rules as in `maximum`."""
     a, b, dtype = _unify(a, b)
     if dtype == "bool":
         raise TypeError("minimum of bool expressions; use & for logic")
@@ -357,19 +379,27 @@ def minimum(a: ExprLike, b: ExprLike) -> Expr:
 
 
 def if_then_else(cond: ExprLike, then_value: ExprLike, else_value: ExprLike) -> Expr:
-    """Select one of two values; the branch not taken is never evaluated."""
+    """`then_value` where the bool `cond` holds, else `else_value`; the branch not taken is never
+    evaluated, so a load guarded by its own bounds check is safe (padding).
+
+    The two values have one dtype (a Python number takes the other's), which is the result's."""
     cond = as_bool(cond)
     a, b, _ = _unify(then_value, else_value)
     return Select(cond, a, b)
 
 
 def cast(value: ExprLike, dtype: str) -> Expr:
+    """`value` converted to `dtype` (float to int truncates toward zero, as C and numpy do):
+    the way to mix dtypes, which operators do not do implicitly (they only widen int32 to
+    int64). Returns `value` itself when it has the dtype already."""
     e = as_expr(value)
     dtype = check_dtype(dtype)
     return e if e.dtype == dtype else Cast(dtype, e)
 
 
 def _float_call(func: str, *args: ExprLike) -> Expr:
+    """A math call whose arguments share one dtype, float except for abs (the result's); Python
+    numbers take the dtype of the expression argument (alone: float32, or int32 for an int)."""
     exprs = [as_expr(a) for a in args]
     like = next((e.dtype for e in exprs if isinstance(e, Expr) and not isinstance(e, Const)), None)
     exprs = [as_expr(a, like) if not isinstance(a, Expr) else a for a in args]
@@ -383,38 +413,48 @@ def _float_call(func: str, *args: ExprLike) -> Expr:
 
 
 def exp(x: ExprLike) -> Expr:
+    """e**x, elementwise. Float operands only (`cast` an integer first); the result has x's dtype."""
     return _float_call("exp", x)
 
 
 def log(x: ExprLike) -> Expr:
+    """The natural logarithm of x (-inf at 0, nan below). Float only; x's dtype."""
     return _float_call("log", x)
 
 
 def sqrt(x: ExprLike) -> Expr:
+    """The square root of x (nan below 0). Float only; x's dtype."""
     return _float_call("sqrt", x)
 
 
 def rsqrt(x: ExprLike) -> Expr:
+    """1 / sqrt(x), as in normalization layers. Float only; x's dtype."""
     return _float_call("rsqrt", x)
 
 
 def tanh(x: ExprLike) -> Expr:
+    """The hyperbolic tangent of x. Float only; x's dtype."""
     return _float_call("tanh", x)
 
 
 def erf(x: ExprLike) -> Expr:
+    """The Gauss error function of x (exact GELU uses it). Float only; x's dtype."""
     return _float_call("erf", x)
 
 
 def sigmoid(x: ExprLike) -> Expr:
+    """The logistic function 1 / (1 + exp(-x)). Float only; x's dtype."""
     return _float_call("sigmoid", x)
 
 
 def abs(x: ExprLike) -> Expr:  # noqa: A001 - mirrors the math name users expect
+    """|x|, elementwise; the one math function that also takes integers. x's dtype."""
     return _float_call("abs", x)
 
 
 def pow(x: ExprLike, y: ExprLike) -> Expr:  # noqa: A001
+    """x**y, elementwise. Both float of one dtype (a Python number takes the other's), which is
+    the result's."""
     return _float_call("pow", x, y)
 
 
@@ -422,6 +462,7 @@ MATH_FUNCS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "p
 
 
 def _reduce(combiner: str, source: ExprLike, axis, where: ExprLike | None) -> Reduce:
+    """A reduction node; checks what `sum`, `max` and `min` promise."""
     axes = list(axis) if isinstance(axis, (list, tuple)) else [axis]
     if not axes:
         raise ValueError(f"te.{combiner}: give at least one reduce axis")
@@ -435,15 +476,24 @@ def _reduce(combiner: str, source: ExprLike, axis, where: ExprLike | None) -> Re
 
 
 def sum(source: ExprLike, axis, where: ExprLike | None = None) -> Reduce:  # noqa: A001
-    """Sum of `source` over the reduce axis (or list of axes) `axis`."""
+    """The sum of `source` over every point of `axis` (one `te.reduce_axis` or a list of them)
+    where the bool `where` holds (all points without it); 0 when no point does.
+
+    The result has source's dtype (an int32 sum is not widened); bool is refused.
+    As in TVM, a reduction is the whole body of its `te.compute`: what is applied to the result
+    (a bias, an activation) is a following compute."""
     return _reduce("sum", source, axis, where)
 
 
 def max(source: ExprLike, axis, where: ExprLike | None = None) -> Reduce:  # noqa: A001
+    """The largest `source` over the points of `axis` where `where` holds; -inf (the dtype's
+    smallest integer) when no point does. Otherwise as `sum`; for two values see `maximum`."""
     return _reduce("max", source, axis, where)
 
 
 def min(source: ExprLike, axis, where: ExprLike | None = None) -> Reduce:  # noqa: A001
+    """The smallest `source` over the points of `axis` where `where` holds; inf (the dtype's
+    largest integer) when no point does. Otherwise as `sum`; for two values see `minimum`."""
     return _reduce("min", source, axis, where)
 
 
@@ -527,6 +577,7 @@ def substitute(expr: Expr, mapping: dict[Var, Expr]) -> Expr:
 
 
 def free_vars(expr: Expr) -> list[Var]:
+    """Variables an expression reads that no reduction inside it binds, in first-use order."""
     seen: dict[int, Var] = {}
     bound: set[int] = set()
     for node in walk(expr):
@@ -545,3 +596,69 @@ def tensors_read(expr: Expr) -> list:
             seen.add(id(node.tensor))
             out.append(node.tensor)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# text: here rather than in a module of its own because every node's repr uses it
+
+_PREC = {"or": 1, "and": 2, "cmp": 3, "+": 4, "-": 4, "*": 5, "/": 5, "//": 5, "%": 5}
+
+
+def _const_str(c: Const) -> str:
+    if c.dtype == "bool":
+        return "True" if c.value else "False"
+    if is_float(c.dtype):
+        v = c.value
+        if math.isinf(v):
+            return "-inf" if v < 0 else "inf"
+        return repr(float(v))
+    return str(c.value)
+
+
+def expr_to_str(expr: Expr, name_of=None) -> str:
+    """Infix rendering; `name_of(tensor_or_buffer)` may rename tensors."""
+
+    def nm(t) -> str:
+        return name_of(t) if name_of is not None else t.name
+
+    def go(e: Expr, parent: int) -> str:
+        if isinstance(e, Const):
+            return _const_str(e)
+        if isinstance(e, Var):
+            return e.name
+        if isinstance(e, BinOp):
+            if e.op in ("min", "max"):
+                return f"{e.op}({go(e.a, 0)}, {go(e.b, 0)})"
+            p = _PREC[e.op]
+            s = f"{go(e.a, p)} {e.op} {go(e.b, p + 1)}"
+            return f"({s})" if p < parent else s
+        if isinstance(e, Compare):
+            p = _PREC["cmp"]
+            s = f"{go(e.a, p + 1)} {e.op} {go(e.b, p + 1)}"
+            return f"({s})" if p < parent else s
+        if isinstance(e, Logical):
+            if e.op == "not":
+                return f"not {go(e.args[0], 9)}"
+            p = _PREC[e.op]
+            s = f" {e.op} ".join(go(a, p) for a in e.args)
+            return f"({s})" if p < parent else s
+        if isinstance(e, Call):
+            return f"{e.func}({', '.join(go(a, 0) for a in e.args)})"
+        if isinstance(e, Select):
+            return f"select({go(e.cond, 0)}, {go(e.a, 0)}, {go(e.b, 0)})"
+        if isinstance(e, Cast):
+            return f"{e.dtype}({go(e.value, 0)})"
+        if isinstance(e, TensorRead):
+            return f"{nm(e.tensor)}[{', '.join(go(i, 0) for i in e.indices)}]"
+        if isinstance(e, Reduce):
+            axes = ", ".join(a.name for a in e.axes)
+            where = "" if e.where is None else f", where={go(e.where, 0)}"
+            return f"{e.combiner}({go(e.source, 0)}, axis=[{axes}]{where})"
+        if hasattr(e, "to_str"):
+            return e.to_str(lambda x: go(x, 0))  # type: ignore[attr-defined]
+        return f"<{type(e).__name__}>"
+
+    try:
+        return go(expr, 0)
+    finally:
+        go = None  # noqa: F841 - a recursive closure refers to itself: free it now, not at GC

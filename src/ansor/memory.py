@@ -2,8 +2,8 @@
 
 numpy only promises 16-byte alignment, and where a large array lands depends on the
 allocator's history, so the same kernel would be timed on differently aligned buffers from one
-candidate to the next: a vector load that straddles two cache lines costs two, and that alone
-moved kernels by 20% or more between measurements. Every buffer ansor allocates for a kernel
+candidate to the next: a vector load that straddles two cache lines costs two, enough alone
+to move a kernel's time well beyond the measurement noise. Every buffer ansor allocates for a kernel
 (measurement inputs and outputs, a Kernel's outputs, a task's reference inputs) is aligned.
 """
 
