@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 from ansor.callbacks import RecordToDatabase, RoundCallback, TuningCallback
 from ansor.costmodel.model import CostModel
 from ansor.database import Database, open_database
-from ansor.measure import TimingPolicy
+from ansor.measure import TimingPolicy, check_compiler
 from ansor.measurer import ProgramMeasurer
 from ansor.search.policy import SearchPolicy
 from ansor.search.scheduler import TaskScheduler, make_scheduler
@@ -147,7 +147,7 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
         for t in task_list:
             t.target = target
     if trials > 0:
-        _check_compiler()
+        check_compiler()  # a missing compiler is one clear error, not a batch of failed builds
     start = time.time()
     deadline = start + time_budget if time_budget is not None else None
     db, owned = open_database(database)
@@ -168,15 +168,6 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
             db.close()
     results = [t.result for t in tuners]
     return results[0] if single else results
-
-
-def _check_compiler() -> None:
-    """A missing C compiler is one clear error before any work, not a batch of failed builds."""
-    from ansor.measure import build
-
-    check = getattr(build, "check_compiler", None)
-    if check is not None:
-        check()
 
 
 def _make_tuners(tasks: Sequence[Task], db: Database, policy: str | SearchPolicy, seed: int | None,

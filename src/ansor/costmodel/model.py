@@ -31,11 +31,14 @@ from typing import Any
 
 import numpy as np
 
+from ansor.measure.errors import FAILED_COST
+
 __all__ = [
     "CostModel",
     "RandomModel",
     "XGBModel",
     "FAILED_COST",
+    "FOREIGN_FAILURE_COST",
     "WEIGHT_FLOOR",
     "is_failed_cost",
     "normalized_throughputs",
@@ -45,8 +48,9 @@ __all__ = [
     "evaluate_split",
 ]
 
-#: Costs at or above this (and non-finite or non-positive costs) mark a failed build/run.
-FAILED_COST = 1e9
+#: Costs at or above this also mark a failed build/run: logs written by other tools (TVM's
+#: among them) record a failure as a cost of 1e10 seconds rather than as ansor's FAILED_COST.
+FOREIGN_FAILURE_COST = 1e9
 
 #: Minimum sample weight of a program. Weights are the labels themselves (fast programs
 #: matter most), so without a floor failed programs (label 0) would carry no information.
@@ -64,7 +68,7 @@ _SAVE_VERSION = 1
 
 def is_failed_cost(cost: float) -> bool:
     """True for costs that stand for a failed build or run."""
-    return not (math.isfinite(cost) and 0.0 < cost < FAILED_COST)
+    return not (math.isfinite(cost) and 0.0 < cost < FOREIGN_FAILURE_COST)
 
 
 def normalized_throughputs(costs: Sequence[float], groups: Sequence[str]) -> np.ndarray:
@@ -76,7 +80,7 @@ def normalized_throughputs(costs: Sequence[float], groups: Sequence[str]) -> np.
     c = np.asarray(costs, dtype=np.float64).reshape(-1)
     if len(groups) != c.size:
         raise ValueError(f"got {c.size} costs but {len(groups)} groups")
-    ok = np.isfinite(c) & (c > 0.0) & (c < FAILED_COST)
+    ok = np.isfinite(c) & (c > 0.0) & (c < FOREIGN_FAILURE_COST)
     _, gid = np.unique(np.asarray(groups, dtype=object).astype(str), return_inverse=True)
     best = np.full(gid.max() + 1 if gid.size else 0, np.inf)
     np.minimum.at(best, gid[ok], c[ok])

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import enum
+import math
+
+#: The cost of a failed program, everywhere: a run result, a record's median, the tuner's best
+#: before any success. Infinite, so that no failure ever compares as fast.
+FAILED_COST = math.inf
 
 
 class MeasureErrorNo(enum.IntEnum):

@@ -24,12 +24,11 @@ from pathlib import Path
 import numpy as np
 
 from .check import check_outputs, unwritten_like
-from .errors import MeasureErrorNo
+from .errors import FAILED_COST, MeasureErrorNo
 from .library import KernelLibrary
 from ansor.memory import aligned_copy
 from .timing import TimingPolicy, measure_costs
 
-FAILED_COST = 1e10  # the cost of a failed measurement, as in TVM's logs
 WORKER_START_TIMEOUT = 60.0
 
 
