@@ -80,8 +80,8 @@ class SketchPolicy(SearchPolicy):
             want = n - len(out)
             if want <= 0:
                 break
-            # a few more than wanted for the duplicates (at most 2.3% of 2,312 draws on the suite's
-            # workloads, none failed); a shortfall is drawn in the next pass
+            # a few more than wanted, for the duplicates (a few percent of draws, BENCHMARKS.md);
+            # a shortfall is drawn in the next pass
             drawn = workers.sample(sketches, want + want // 32 + 8, self.rng.randrange(2**31), self.params,
                                    self.hardware, self._feature_cache)
             for g in drawn:
