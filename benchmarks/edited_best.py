@@ -22,13 +22,13 @@ import json
 import os
 import sys
 
-import ansor.codegen.c as codegen_c
+import ansor.lower.transposed_store as transposed_store
 from ansor.baselines import time_torch, torch_available
 from ansor.kernel import compile_state
 from ansor.measure import check_outputs
 from ansor.schedule.state import ScheduleError, State
 from ansor.schedule.steps import steps_from_json
-from ansor.tuner import open_database
+from ansor.database import open_database
 from ansor.workloads import WORKLOADS, make_task, workload_options
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -51,12 +51,12 @@ def edited(steps: list, edits: str) -> list:
 @contextlib.contextmanager
 def plain_stores():
     """Code generation without transposed stores, for the ablation."""
-    keep = codegen_c.plan_transposed_store
-    codegen_c.plan_transposed_store = lambda *args, **kwargs: None
+    keep = transposed_store.plan_transposed_store
+    transposed_store.plan_transposed_store = lambda *args, **kwargs: None
     try:
         yield
     finally:
-        codegen_c.plan_transposed_store = keep
+        transposed_store.plan_transposed_store = keep
 
 
 def _option(text: str) -> tuple[str, object]:

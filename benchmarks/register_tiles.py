@@ -4,7 +4,7 @@
         --database DB --workload matmul --shape 1024,1024,1024 --top 200 --limit 6
 
 Takes the best `--top` records of the workload in the database, keeps those where the C
-generator writes a register tile (codegen/register_tile.py), at most `--limit` of them, and
+generator writes a register tile (lower/register_tile.py), at most `--limit` of them, and
 times each program compiled both ways (3 rounds, the order alternating), with numpy beside it
 for GEMMs. Prints GFLOP/s and the speed ratio with/without, and the tile's shape.
 """
@@ -16,7 +16,7 @@ import re
 import statistics
 import time
 
-from ansor.codegen.c import generate_c
+from ansor.backend.cpu import generate_c
 from ansor.database import Database
 from ansor.kernel import steps_from_json
 from ansor.lower.lower import lower

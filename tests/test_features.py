@@ -271,10 +271,15 @@ def test_finite_and_in_layout(sampled):
 
 
 def test_deterministic(sampled):
+    """Features are those of the program as it runs on the target (by default this machine):
+    lowered, with its backend's passes."""
+    from ansor.backend import lower_for
+
+    host = ansor.Target.host()
     for states in sampled.values():
         for state in states[:10]:
-            a = extract_features(lower(state))
-            b = extract_features(lower(state))
+            a = extract_features(lower_for(state, host))
+            b = extract_features(lower_for(state, host))
             assert np.array_equal(a, b)
             c = program_features(ansor.State.replay(state.dag, state.steps))
             assert np.array_equal(a, c)
@@ -295,3 +300,92 @@ def test_unlowerable_program_has_no_rows():
     x = program_features(s)
     assert x.shape == (0, FEATURE_COUNT)
     assert features_for_states([s])[0].shape == (0, FEATURE_COUNT)
+
+
+# ---------------------------------------------------------------------------------------------
+# the program as it runs: register tiles and transposed stores of the CPU's lowering passes
+
+AVX2 = ansor.Target("cpu", "avx2", 2, 32, 64)
+AVX512 = ansor.Target("cpu", "avx512", 2, 64, 64)
+UNROLL_COLUMNS = {COL[n] for n in FEATURE_NAMES if n.startswith("unroll_")}
+
+
+def tiled_matmul_state() -> ansor.State:
+    """matmul with a 4 x 16 cache-write tile: k outermost in the tile, j vectorized."""
+    from ansor import te
+
+    A = ansor.te.placeholder((32, 40), name="A")
+    B = ansor.te.placeholder((40, 64), name="B")
+    task = ansor.Task([A, B, te.ops.matmul(A, B)])
+    s = ansor.State(task.dag)
+    cache = s.cache_write("matmul", "local")
+    s.split("matmul", "i", [4])
+    s.split("matmul", "j", [16])
+    s.reorder("matmul", ["i.0", "j.0", "i.1", "j.1"])
+    s.compute_at(cache, "matmul", "j.0")
+    s.reorder("matmul.local", ["k", "i", "j"])
+    s.annotate("matmul.local", "j", "vectorize")
+    return s
+
+
+def test_a_register_tile_counts_its_rows_as_unrolled():
+    """The rows loop of the tile is unrolled into vector statements: the accumulator's row
+    differs from the plain loops' only in the unroll columns (one loop of 4); other rows match."""
+    from ansor.backend import lower_for
+
+    s = tiled_matmul_state()
+    func = lower_for(s, AVX2)
+    assert any(isinstance(x, ir.RegisterTile) for x in ir.walk_stmts(func.body))
+    plain_names, plain = extract_feature_rows(lower(s))
+    names, tiled = extract_feature_rows(func)
+    assert names == plain_names
+    for name, a, b in zip(names, plain, tiled):
+        differ = set(np.flatnonzero(a != b))
+        if name == "matmul.local":
+            assert differ and differ <= UNROLL_COLUMNS
+            assert b[COL["unroll_num"]] == pytest.approx(slog(1)) and b[COL["unroll_prod"]] == pytest.approx(slog(4))
+            assert a[COL["unroll_num"]] == 0
+        else:
+            assert not differ, name
+    assert np.array_equal(program_features(s, target=AVX2), tiled)
+
+
+def transposing_state(op: str) -> ansor.State:
+    """out[c, x] = A[x, c] (or 2 A[x, c]) in tiles of 4 columns x 32 channels, vectorized along
+    the channels: contiguous in the columns, strided by 24 in the vector axis."""
+    from ansor import te
+
+    A = te.placeholder((24, 64), name="A")
+    if op == "copy":
+        out = te.compute((64, 24), lambda c, x: A[x, c], name="out")
+    else:
+        out = te.compute((64, 24), lambda c, x: A[x, c] * 2.0, name="out")
+    s = ansor.State(ansor.Task([A, out]).dag)
+    s.split("out", "c", [32])
+    s.split("out", "x", [4])
+    s.reorder("out", ["c.0", "x.0", "x.1", "c.1"])
+    s.annotate("out", "c.1", "vectorize")
+    return s
+
+
+@pytest.mark.parametrize("op", ["copy", "scale"])
+def test_a_transposed_store_is_described_as_it_runs(op):
+    """The write runs vectorized along the contiguous columns (stride 1, 4 lanes) instead of
+    the channels (stride 24, 32 lanes); a value that is not a plain load is computed into a
+    staging buffer first, which gets its own row with the value's float operations."""
+    from ansor.backend import lower_for
+
+    s = transposing_state(op)
+    func = lower_for(s, AVX512)
+    assert any(isinstance(x, ir.TransposedStore) for x in ir.walk_stmts(func.body))
+    _, plain = extract_feature_rows(lower(s))
+    names, rows = extract_feature_rows(func)
+    assert names == (["out"] if op == "copy" else ["out_tr", "out"])
+    write = rows[names.index("out")]
+    assert slot_of(plain[0], "kWrite")["stride"] == pytest.approx(slog(24)) and plain[0][COL["vec_len"]] == pytest.approx(slog(32))
+    assert slot_of(write, "kWrite")["stride"] == pytest.approx(slog(1)) and write[COL["vec_len"]] == pytest.approx(slog(4))
+    if op == "scale":
+        staged = rows[names.index("out_tr")]
+        assert staged[COL["float_mul"]] == plain[0][COL["float_mul"]] > 0
+        assert staged[COL["alloc_size"]] == pytest.approx(slog(4 * 32 * 4))
+        assert write[COL["float_mul"]] == 0

@@ -15,7 +15,7 @@ import pytest
 
 import ansor
 from ansor import te
-from ansor.codegen import generate_source
+from ansor.backend import generate_source
 from ansor.lower import ir
 from ansor.lower.lower import lower
 from ansor.measure import DEFAULT_CFLAGS
@@ -519,6 +519,90 @@ def test_float32_math_in_simd_loops_is_vectorized(name, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
+# the prelude holds only what the kernel uses
+
+def prelude_definitions(source: str) -> set[str]:
+    """Names the text ahead of the first function defines: helper functions, typedefs, macros."""
+    prelude = source[:source.index("\nvoid ")]
+    names = set(re.findall(r"^(?:static inline \w+|ANSOR_VECMATH) (ansor_\w+)\(", prelude, re.M))
+    names |= set(re.findall(r"^typedef .*?\b(ansor_\w+)\b(?: __attribute__|;)", prelude, re.M))
+    return names | set(re.findall(r"^#define (ANSOR_\w+)", prelude, re.M))
+
+
+def test_a_plain_matmul_has_no_helpers_in_its_prelude(builder):
+    """Tiled, vectorized and parallel, a matmul calls no helper: the file starts with the
+    includes and goes on with the kernel."""
+    A = te.placeholder((32, 48), name="A")
+    B = te.placeholder((48, 64), name="B")
+    task = ansor.Task([A, B, te.ops.matmul(A, B)])
+    s = ansor.State(task.dag)
+    s.split("matmul", "j", [16])
+    s.reorder("matmul", ["i", "j.0", "k", "j.1"])
+    s.annotate("matmul", "i", "parallel")
+    s.annotate("matmul", "j.1", "vectorize")
+    source, _ = generate_source(s, task.target, "mm")
+    assert prelude_definitions(source) == set()
+    assert source[:source.index("\nvoid ")].strip().splitlines() == [
+        "#include <math.h>", "#include <stdbool.h>", "#include <stdint.h>", "#include <stdlib.h>",
+        "#include <time.h>"]
+    inputs = random_inputs(task)
+    a, b = (x.astype(np.float64) for x in inputs)
+    assert_close(run_state(task, s, builder, inputs), a @ b)
+
+
+def test_the_prelude_defines_the_helpers_a_kernel_calls_and_what_they_need(builder):
+    """exp, erf, tanh, log, max and a floor division of possibly negative integers: each
+    helper once, with the pieces it depends on (the bits union, the vecmath macro), nothing
+    else; the kernel compiles and matches numpy."""
+    X = te.placeholder((8, 16), "float32", name="X")
+    N = te.placeholder((8, 16), "int32", name="N")
+    Y = te.compute((8, 16), lambda i, j: te.exp(X[i, j]) + te.erf(X[i, j]) + te.tanh(X[i, j])
+                   + te.log(te.abs(X[i, j]) + 1.0) + te.maximum(X[i, j], 0.25)
+                   + te.cast(N[i, j] // 3, "float32"), name="Y")
+    task = ansor.Task([X, N, Y])
+    s = ansor.State(task.dag)
+    source, _ = generate_source(s, task.target, "mix")
+    assert prelude_definitions(source) == {"ANSOR_VECMATH", "ansor_bits", "ansor_expf", "ansor_erff",
+                                           "ansor_tanhf", "ansor_logf", "ansor_max_f32", "ansor_floordiv_i32"}
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-3.0, 3.0, (8, 16)).astype(np.float32)
+    n = rng.integers(-50, 50, (8, 16)).astype(np.int32)
+    x64 = x.astype(np.float64)
+    expected = (np.exp(x64) + np.vectorize(math.erf)(x64) + np.tanh(x64) + np.log(np.abs(x64) + 1.0)
+                + np.maximum(x64, 0.25) + n // 3)
+    assert_close(run_state(task, s, builder, [x, n]), expected)
+
+
+@pytest.mark.parametrize("fn, defined", [
+    (te.tanh, {"ANSOR_VECMATH", "ansor_tanhf"}),
+    (te.erf, {"ANSOR_VECMATH", "ansor_erff"}),
+    (te.log, {"ANSOR_VECMATH", "ansor_bits", "ansor_logf"}),
+    (te.sigmoid, {"ANSOR_VECMATH", "ansor_bits", "ansor_expf"}),
+    (lambda x: te.minimum(x, 1.0), {"ansor_min_f32"}),
+])
+def test_each_helper_comes_with_exactly_its_dependencies(fn, defined):
+    X = te.placeholder((16,), name="X")
+    task = ansor.Task([X, te.compute((16,), lambda i: fn(X[i]), name="Y")])
+    source, _ = generate_source(ansor.State(task.dag), task.target)
+    assert prelude_definitions(source) == defined
+
+
+def test_register_tiles_and_transposed_stores_bring_their_vector_types():
+    """Each vector width a kernel uses is typedef'd, and the pin and shuffle macros appear
+    only with the code that calls them."""
+    from ansor.backend.cpu import generate_c
+
+    _, s = register_tile_state(4, 16)
+    tiled = prelude_definitions(generate_c(lower(s, "mm"), 32, 16)[0])
+    assert {"ansor_f32x8", "ANSOR_PIN32"} <= tiled and "ANSOR_SHUFFLE" not in tiled
+    assert not any(n.startswith(("ansor_f32x4", "ansor_f32x16", "ansor_i32x")) for n in tiled)
+    _, s = transposing_state(4, 32, "copy")
+    transposed = prelude_definitions(generate_c(lower(s, "tr"), 64, 16)[0])
+    assert {"ansor_f32x16", "ansor_i32x16", "ANSOR_SHUFFLE"} <= transposed
+    assert not any(n.startswith("ANSOR_PIN") for n in transposed)
+
+
+# ---------------------------------------------------------------------------------------------
 # parallel and unroll pragmas
 
 def line_before_loop(source: str, var: str) -> str:
@@ -638,7 +722,7 @@ def test_small_accumulator_becomes_a_register_tile(vector_bytes, cols, tmp_path)
     """A 4-row accumulator of two vectors per row: one variable per accumulator vector, loaded before the
     reduction loop and stored after it; each B vector loaded once per k and pinned; the
     program still matches numpy (compiled from the generated text, run through ctypes)."""
-    from ansor.codegen.c import generate_c
+    from ansor.backend.cpu import generate_c
     from ansor.measure import Builder, MeasureErrorNo
     from ansor.measure.run import evaluate_kernel
     from ansor.measure import TimingPolicy
@@ -664,7 +748,7 @@ def test_small_accumulator_becomes_a_register_tile(vector_bytes, cols, tmp_path)
 @pytest.mark.parametrize("rows, cols, why", [(16, 64, "64 accumulator vectors do not fit 16 registers"),
                                              (4, 4, "4 columns are less than one 8-lane vector")])
 def test_accumulators_that_do_not_fit_keep_the_plain_loops(rows, cols, why, builder):
-    from ansor.codegen.c import generate_c
+    from ansor.backend.cpu import generate_c
 
     task, s = register_tile_state(rows, cols)
     source, _ = generate_c(lower(s, "mm"), 32, 16)
@@ -677,7 +761,7 @@ def test_accumulators_that_do_not_fit_keep_the_plain_loops(rows, cols, why, buil
 def test_reduction_loops_between_the_tile_rows_are_unrolled_in_the_tile(builder):
     """k split in two with the inner part inside the rows: the outer k stays a C loop, the
     inner k and the rows are unrolled into the tile (each statement updates its row)."""
-    from ansor.codegen.c import generate_c
+    from ansor.backend.cpu import generate_c
 
     task, s = register_tile_state(2, 16)
     s.split("matmul.local", "k", [2])
@@ -696,7 +780,8 @@ def test_auto_unroll_stops_before_it_copies_a_vector_loop_too_often(builder):
     """auto_unroll_max_step 512 marks k.1 (8) and the rows (8) around an 8-lane vector loop;
     unrolling both would make 64 copies of the `omp simd` loop, which gcc vectorizes one by
     one (minutes of compile for a few hundred copies), so only the rows get the pragma."""
-    from ansor.codegen.c import MAX_UNROLLED_VECTOR_LOOPS, generate_c
+    from ansor.backend.cpu import generate_c
+    from ansor.codegen.cpu import MAX_UNROLLED_VECTOR_LOOPS
 
     task, s = register_tile_state(8, 8)
     s.split("matmul.local", "k", [8])
@@ -721,7 +806,7 @@ def test_auto_unroll_stops_before_it_copies_a_vector_loop_too_often(builder):
 def test_interleave_rounds_transpose_the_vectors(group, lanes):
     """Following the shuffles lane by lane: final vector j holds, in groups of `group`
     lanes, every input vector's lane f in input order, for f = j*lanes/group ... ."""
-    from ansor.codegen.transposed_store import interleave_rounds
+    from ansor.codegen.cpu import interleave_rounds
 
     rounds, contents = interleave_rounds(group, lanes)
     assert len(rounds) == group.bit_length() - 1
@@ -762,7 +847,7 @@ def test_a_tile_strided_in_its_vector_axis_is_stored_transposed(vector_bytes, co
     """The write is transposed in registers and stored in runs of contiguous columns (one
     store per channel, not one per element); the output matches numpy. 6 columns go in
     groups of 2; a value that is not a plain load is staged in a contiguous buffer first."""
-    from ansor.codegen.c import generate_c
+    from ansor.backend.cpu import generate_c
     from ansor.measure import Builder, MeasureErrorNo, TimingPolicy
     from ansor.measure.run import evaluate_kernel
 
@@ -785,7 +870,7 @@ def test_a_tile_strided_in_its_vector_axis_is_stored_transposed(vector_bytes, co
 
 def test_a_tile_contiguous_in_its_vector_axis_keeps_the_plain_loops():
     """Vectorized along the columns (contiguous in the output) there is nothing to transpose."""
-    from ansor.codegen.c import generate_c
+    from ansor.backend.cpu import generate_c
 
     A = te.placeholder((24, 64), name="A")
     task = ansor.Task([A, te.compute((64, 24), lambda c, x: A[x, c], name="out")])

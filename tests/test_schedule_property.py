@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import ansor
-from ansor.codegen import generate_source
+from ansor.backend import generate_source
 from ansor.lower.lower import lower
 from ansor.schedule import steps_from_json
 from ansor.schedule.steps import SplitStep

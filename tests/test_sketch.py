@@ -11,7 +11,7 @@ import pytest
 import ansor
 from ansor.measure import Builder, MeasureErrorNo, check_outputs
 from ansor.measure.run import evaluate_kernel
-from ansor.codegen import generate_source
+from ansor.backend import generate_source
 from ansor.lower.lower import schedule_text
 from ansor.search.annotate import annotate, factorizations
 from ansor.search.sketch import Cond, SketchRule

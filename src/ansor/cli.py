@@ -227,7 +227,7 @@ def cmd_sketches(args) -> int:
 
 
 def cmd_sample(args) -> int:
-    from ansor.codegen import generate_source
+    from ansor.backend import generate_source
     from ansor.lower.lower import schedule_text
     from ansor.report import console
     from ansor.search.sketch_policy import SketchPolicy

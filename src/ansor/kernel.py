@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ansor.codegen import generate_source
+from ansor.backend import backend_for, generate_source
 from ansor.database import Database, Record, open_database
 from ansor.measure import (Builder, KernelLibrary, MeasureErrorNo, TimingPolicy, aligned_copy, aligned_empty,
                            time_function)
@@ -30,7 +30,7 @@ class Kernel:
         self.func_name = func_name
         self.lib_path = lib_path
         self.record = record
-        self._lib = KernelLibrary(lib_path, func_name)
+        self._lib = backend_for(task.target).loader(lib_path, func_name)
         self._packed = self._lib.packed_buffers()
 
     @property
@@ -175,7 +175,7 @@ class _PackingEachCall:
 def compile_state(task: Task, state: State, record: Record | None = None,
                   builder: Builder | None = None) -> Kernel:
     source, fname = generate_source(state, task.target, _entry_name(task))
-    result = (builder or Builder()).compile_one(source)
+    result = (builder or backend_for(task.target).builder()).compile_one(source)
     if result.error_no != MeasureErrorNo.NO_ERROR or result.lib_path is None:
         raise RuntimeError(f"compiling {task.name!r} failed: {result.error_msg}")
     return Kernel(task, state, source, fname, result.lib_path, record)

@@ -15,7 +15,7 @@ import time
 from dataclasses import replace
 from typing import Callable, Sequence
 
-from ansor.codegen import generate_source
+from ansor.backend import backend_for, generate_source
 from ansor.database import Record
 from ansor.measure import Builder, MeasureErrorNo, Runner, TimingPolicy
 from ansor.schedule.state import State
@@ -43,8 +43,9 @@ class ProgramMeasurer:
         self.task = task
         self.one_repeat_factor = one_repeat_factor
         self.best_cost = best_cost  # seconds; the fastest checked program of this task so far
-        self.builder = builder or Builder()
-        self.runner = runner or Runner(timeout=timeout, timing=timing or TimingPolicy())
+        backend = backend_for(task.target)
+        self.builder = builder or backend.builder()
+        self.runner = runner or backend.runner(timeout=timeout, timing=timing or TimingPolicy())
         self._owns_runner = runner is None
         self.seed = seed
         self._task_set = False

@@ -81,6 +81,12 @@ Group 5 - outer scope (3)
 
 Every value x except the one-hot columns and is_gpu is stored as sign(x) * log2(|x| + 1).
 
+Programs are described as they run on their target: `program_features` applies the target
+backend's lowering passes first. A register tile (`ir.RegisterTile`) is its update nest with
+the loops inside the kept ones counted as unrolled (they become one vector statement per
+point); a transposed store (`ir.TransposedStore`) is its staging nest, when it has one, then
+the write as it runs, vectorized along the output's contiguous axis.
+
 Where this differs from the reference implementation
   - reduce_ratio multiplies the extents of the skipped loops (the reference multiplies the
     innermost loop's extent once per skipped loop).
@@ -102,12 +108,15 @@ Where this differs from the reference implementation
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from ansor.backend import backend_for
 from ansor.lower import ir
 from ansor.lower.lower import lower
+from ansor.target import Target
 from ansor.te import expr as E
 from ansor.te.arith import atom_key, const_bounds
 
@@ -378,14 +387,9 @@ class _Extractor:
     def visit(self, stmt: ir.Stmt) -> None:
         t = type(stmt)
         if t is ir.For:
-            frame = _Loop(stmt)
-            if frame.kind in _GPU_KINDS:
-                self.is_gpu = True
-            self.depth[frame.vid] = len(self.loops)
-            self.loops.append(frame)
+            frame = self.enter(stmt)
             self.visit(stmt.body)
-            self.loops.pop()
-            del self.depth[frame.vid]
+            self.leave(frame)
         elif t is ir.Seq:
             for s in stmt.stmts:
                 self.visit(s)
@@ -400,6 +404,34 @@ class _Extractor:
             buf = stmt.buffer
             self.allocs[id(buf)] = (float(buf.nbytes), float(buf.size) * outer, outer)
             self.visit(stmt.body)
+        elif t is ir.RegisterTile:
+            self.register_tile(stmt)
+        elif t is ir.TransposedStore:  # the values (staged or not), then the write as it runs
+            if stmt.staging is not None:
+                self.visit(stmt.staging)
+            self.visit(stmt.write)
+
+    def enter(self, loop: ir.For) -> _Loop:
+        frame = _Loop(loop)
+        if frame.kind in _GPU_KINDS:
+            self.is_gpu = True
+        self.depth[frame.vid] = len(self.loops)
+        self.loops.append(frame)
+        return frame
+
+    def leave(self, frame: _Loop) -> None:
+        self.loops.pop()
+        del self.depth[frame.vid]
+
+    def register_tile(self, tile: ir.RegisterTile) -> None:
+        """The update nest with the loops inside the kept ones unrolled, as the tile runs."""
+        loops = tile.loops()
+        frames = [self.enter(f) for f in loops]
+        for frame in frames[tile.kept:-1]:
+            frame.kind = "unrolled"
+        self.store(loops[-1].body)
+        for frame in reversed(frames):
+            self.leave(frame)
 
     def context(self) -> tuple[list[float], float, float]:
         if not self.loops:
@@ -704,18 +736,26 @@ def extract_features(func: ir.PrimFunc, cache_line_bytes: int = 64) -> np.ndarra
     return extract_feature_rows(func, cache_line_bytes)[1]
 
 
-def program_features(state: State, cache_line_bytes: int = 64) -> np.ndarray:
-    """Features of a complete State; a program that cannot be lowered has no rows (the
-    search drops it). Errors in extraction itself are bugs and propagate."""
+@lru_cache(maxsize=1)
+def _host_target() -> Target:
+    return Target.host()
+
+
+def program_features(state: State, cache_line_bytes: int = 64, target: Target | None = None) -> np.ndarray:
+    """Features of a complete State as it runs on `target` (default: this machine's CPU),
+    its backend's lowering passes applied; a program that cannot be lowered has no rows (the
+    search drops it). Errors in the passes or in extraction itself are bugs and propagate."""
     try:
         func = lower(state)
     except Exception:
         return np.zeros((0, FEATURE_COUNT), dtype=np.float32)
-    return extract_features(func, cache_line_bytes)
+    target = target or _host_target()
+    return extract_features(backend_for(target).run_passes(func, target), cache_line_bytes)
 
 
 def features_for_states(states: Sequence[State], cache_line_bytes: int = 64,
-                        memo: dict[str, np.ndarray] | None = None, extract=None) -> list[np.ndarray]:
+                        memo: dict[str, np.ndarray] | None = None, extract=None,
+                        target: Target | None = None) -> list[np.ndarray]:
     """Features of many States; identical programs (same key) are extracted once. Pass a
     `memo` that outlives the call to reuse features across search rounds, and `extract` (a
     callable on a list of States, e.g. SearchWorkers) to compute the misses elsewhere."""
@@ -727,6 +767,7 @@ def features_for_states(states: Sequence[State], cache_line_bytes: int = 64,
             missing[key] = state
     if missing:
         todo = list(missing.values())
-        found = extract(todo) if extract is not None else [program_features(s, cache_line_bytes) for s in todo]
+        found = extract(todo) if extract is not None else [program_features(s, cache_line_bytes, target)
+                                                                for s in todo]
         memo.update(zip(missing.keys(), found))
     return [memo[key] for key in keys]

@@ -2,6 +2,10 @@
 
 It knows GPUs from the start: loops may be bound to blockIdx/vthread/threadIdx, buffers have
 scopes (global, local, shared), and barriers exist, so the CPU is one backend of it.
+
+A backend's lowering passes may replace a nest by a node that says how it runs on that
+hardware (`RegisterTile`, `TransposedStore`), so that the cost model's features and the printer
+see the same program.
 """
 
 from __future__ import annotations
@@ -111,6 +115,54 @@ class Barrier(Stmt):
 
 
 @dataclass(eq=False)
+class RegisterTile(Stmt):
+    """An accumulator update nest that runs with the accumulator in vector registers.
+
+    `nest` is the update as scheduled: loops around one `Store` of `buffer` (a small local
+    accumulator) whose innermost loop is vectorized. The accumulator's `buffer.size // lanes`
+    vectors are loaded into variables before the nest and stored back after it. The first
+    `kept` loops stay loops; the loops inside them, the vectorized one included, are unrolled
+    into `updates`, one vector statement per (accumulator vector, value added, first lane of
+    the vector loop); `pinned` names the operand vectors worth pinning to a register (by
+    `lower.register_tile.load_key`).
+    """
+
+    buffer: Buffer
+    nest: For
+    lanes: int
+    kept: int
+    updates: tuple[tuple[int, E.Expr, int], ...]
+    pinned: frozenset
+
+    def loops(self) -> list[For]:
+        """The loops of `nest`, outermost first."""
+        out, node = [], self.nest
+        while isinstance(node, For):
+            out.append(node)
+            node = node.body
+        return out
+
+
+@dataclass(eq=False)
+class TransposedStore(Stmt):
+    """A tile stored across the axis it is vectorized along, transposed in registers.
+
+    `nest` is the store as scheduled: `for a: for f (vectorized): OUT[.. + f*S + a] = value`,
+    contiguous in `a`, strided in `f`. It runs as `write`: `for f: for a (vectorized):
+    OUT[...] = source`, where `source` is contiguous in f; vectors of `lanes` values along f
+    are transposed in groups of `group` values of a (log2(group) rounds of two-input
+    shuffles), then stored as runs of contiguous a. `staging`, when the value is not such a
+    load, computes it into a local buffer (alive for the whole node) first.
+    """
+
+    nest: For
+    write: For
+    lanes: int
+    group: int
+    staging: Allocate | None = None
+
+
+@dataclass(eq=False)
 class PrimFunc:
     """One kernel: parameters (inputs then outputs) and a body."""
 
@@ -144,6 +196,12 @@ def walk_stmts(stmt: Stmt):
             yield from walk_stmts(stmt.orelse)
     elif isinstance(stmt, Allocate):
         yield from walk_stmts(stmt.body)
+    elif isinstance(stmt, RegisterTile):
+        yield from walk_stmts(stmt.nest)
+    elif isinstance(stmt, TransposedStore):
+        if stmt.staging is not None:
+            yield from walk_stmts(stmt.staging)
+        yield from walk_stmts(stmt.write)
 
 
 def ir_to_str(stmt: Stmt, indent: int = 0) -> str:
@@ -170,4 +228,11 @@ def ir_to_str(stmt: Stmt, indent: int = 0) -> str:
         return f"{pad}allocate {b.name}[{', '.join(map(str, b.shape))}] {b.dtype} ({b.scope})\n" + ir_to_str(stmt.body, indent)
     if isinstance(stmt, Barrier):
         return f"{pad}barrier({stmt.scope})\n"
+    if isinstance(stmt, RegisterTile):
+        return (f"{pad}register tile {stmt.buffer.name} ({stmt.buffer.size // stmt.lanes} x {stmt.lanes} lanes, "
+                f"{len(stmt.updates)} updates inside loop {stmt.kept}):\n" + ir_to_str(stmt.nest, indent + 1))
+    if isinstance(stmt, TransposedStore):
+        staged = "" if stmt.staging is None else ir_to_str(stmt.staging, indent + 1)
+        return (f"{pad}transposed store ({stmt.lanes} lanes, groups of {stmt.group}):\n" + staged
+                + ir_to_str(stmt.write, indent + 1))
     return f"{pad}<{type(stmt).__name__}>\n"

@@ -119,14 +119,16 @@ class SketchPolicy(SearchPolicy):
 
         if len(self._feature_cache) > self.params.feature_cache_size:
             self._feature_cache.clear()
-        return features_for_states(states, memo=self._feature_cache, extract=self.workers())
+        return features_for_states(states, memo=self._feature_cache, extract=self.workers(),
+                                   target=self.task.target)
 
     def workers(self):
         """The worker pool (None when the search runs in one process)."""
         if self._workers is None and self.params.search_workers != 1:
             from ansor.search.workers import SearchWorkers
 
-            self._workers = SearchWorkers(self.task.dag, self.params.search_workers or None)
+            self._workers = SearchWorkers(self.task.dag, self.params.search_workers or None,
+                                          target=self.task.target)
         return self._workers
 
     def breed(self, orders: list, seed: int) -> list:

@@ -28,14 +28,15 @@ from ansor.search.evolution import Genome, as_state, breed_locally, breed_one, c
 from ansor.search.params import SearchParams
 
 _WORKER_DAG = None
+_WORKER_TARGET = None  # the task's target: features are those of the program as it runs there
 _WORKER_FEATURES: dict[str, np.ndarray] = {}  # key -> features of the programs this worker made
 _WORKER_FEATURES_LIMIT = 20_000  # about 50 MB of feature rows; the memory is dropped when full
 
 
-def _init_worker(dag, parent_pid: int, creator_is_main_thread: bool) -> None:
-    global _WORKER_DAG
+def _init_worker(dag, target, parent_pid: int, creator_is_main_thread: bool) -> None:
+    global _WORKER_DAG, _WORKER_TARGET
     bind_to_parent(parent_pid, creator_is_main_thread)
-    _WORKER_DAG = dag
+    _WORKER_DAG, _WORKER_TARGET = dag, target
     _WORKER_FEATURES.clear()  # a forked worker must not inherit another task's memory
 
 
@@ -48,7 +49,7 @@ def _extract_chunk(step_lists: list[tuple]) -> list[np.ndarray]:
             except ScheduleError:
                 out.append(np.zeros((0, FEATURE_COUNT), np.float32))
                 continue
-            out.append(program_features(state))
+            out.append(program_features(state, target=_WORKER_TARGET))
     return out
 
 
@@ -61,7 +62,7 @@ def _packed(state) -> tuple | None:
     key = state.key()
     feats = _WORKER_FEATURES.get(key)
     if feats is None:
-        feats = program_features(state)
+        feats = program_features(state, target=_WORKER_TARGET)
         if len(_WORKER_FEATURES) >= _WORKER_FEATURES_LIMIT:
             _WORKER_FEATURES.clear()
         _WORKER_FEATURES[key] = feats
@@ -101,8 +102,9 @@ class SearchWorkers:
     """A pool of `n_workers` processes holding the task's DAG (work runs in this process when
     there is one worker or only a little of it)."""
 
-    def __init__(self, dag, n_workers: int | None = None, min_parallel: int = 64):
+    def __init__(self, dag, n_workers: int | None = None, min_parallel: int = 64, target=None):
         self.dag = dag
+        self.target = target  # None: this machine's CPU
         self.n_workers = n_workers or default_worker_count()
         self.min_parallel = min_parallel
         self._pool: ProcessPoolExecutor | None = None
@@ -116,7 +118,7 @@ class SearchWorkers:
             # follows right here; their parent-death signal follows that thread.
             from_main_thread = threading.current_thread() is threading.main_thread()
             self._pool = ProcessPoolExecutor(self.n_workers, mp_context=ctx, initializer=_init_worker,
-                                             initargs=(self.dag, os.getpid(), from_main_thread))
+                                             initargs=(self.dag, self.target, os.getpid(), from_main_thread))
         return self._pool
 
     def worth_parallel(self, n: int) -> bool:
@@ -126,7 +128,7 @@ class SearchWorkers:
     def __call__(self, states: Sequence) -> list[np.ndarray]:
         """Features of many States (or Genomes)."""
         if not self.worth_parallel(len(states)):
-            return [program_features(as_state(s)) for s in states]
+            return [program_features(as_state(s), target=self.target) for s in states]
         lists = [tuple(s.steps) for s in states]
         size = -(-len(lists) // (self.n_workers * 4))
         chunks = [lists[i:i + size] for i in range(0, len(lists), size)]

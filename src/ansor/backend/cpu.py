@@ -1,0 +1,47 @@
+"""The CPU backend: C with OpenMP and GCC vector extensions, compiled by gcc into a shared
+library that ctypes calls (inputs, then outputs, then packed buffers, as pointers)."""
+
+from __future__ import annotations
+
+from ansor.backend import Backend, Capabilities, register_backend
+from ansor.codegen.cpu import print_c
+from ansor.lower import ir
+from ansor.lower.register_tile import form_register_tiles
+from ansor.lower.transposed_store import form_transposed_stores
+from ansor.measure import Builder, KernelLibrary, Runner
+from ansor.target import Target
+
+
+def cpu_capabilities(target: Target) -> Capabilities:
+    return Capabilities(vector_bytes=target.vector_unit_bytes, vector_registers=target.vector_registers,
+                        parallel_loops=True)
+
+
+def register_tiles(func: ir.PrimFunc, caps: Capabilities) -> ir.PrimFunc:
+    return form_register_tiles(func, caps.vector_bytes, caps.vector_registers)
+
+
+def transposed_stores(func: ir.PrimFunc, caps: Capabilities) -> ir.PrimFunc:
+    return form_transposed_stores(func, caps.vector_bytes)
+
+
+CPU = Backend(
+    kind="cpu",
+    language="c",
+    capabilities_of=cpu_capabilities,
+    passes=(register_tiles, transposed_stores),  # tiles first: their nests are vector code already
+    printer=lambda func, caps: print_c(func),
+    builder=Builder,
+    loader=KernelLibrary,
+    runner=Runner,
+)
+register_backend(CPU)
+
+
+def generate_c(func: ir.PrimFunc, vector_bytes: int = 0, vector_registers: int = 16) -> tuple[str, str]:
+    """(C source, entry function name) of a lowered function for a CPU with `vector_bytes` wide
+    vectors (0: none, so neither register tiles nor transposed stores) and `vector_registers`."""
+    caps = Capabilities(vector_bytes=vector_bytes, vector_registers=vector_registers, parallel_loops=True)
+    for fitted in CPU.passes:
+        func = fitted(func, caps)
+    return print_c(func)

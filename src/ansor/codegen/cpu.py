@@ -1,0 +1,252 @@
+"""The C dialect of the CPU: OpenMP for parallel loops, `omp simd` for vectorized loops, GCC
+unroll pragmas for unrolled loops, vectorizable float32 math, and GCC vector code for the
+register tiles and transposed stores the CPU's lowering passes made.
+
+Besides the kernel, the file defines `<entry>_timed(number, ...)` (the calls timed in C) and,
+for a program with stages that depend on constant inputs alone, `<entry>_prepack(...)` and
+`<entry>_packed_bytes(i)` (the calling convention of `measure/library.py`).
+"""
+
+from __future__ import annotations
+
+from ansor.codegen import cpu_prelude
+from ansor.codegen.c_like import CLikePrinter
+from ansor.lower import ir
+from ansor.lower.register_tile import index_coefficient, load_key, load_offset, loads_in
+from ansor.te import expr as E
+
+MAX_UNROLLED_VECTOR_LOOPS = 32  # copies of an `omp simd` loop an auto-unroll pragma may make: gcc
+                                # vectorizes each copy on its own, and its compile time grows
+                                # faster than the number of copies
+
+
+def unrolled_vector_loops(loop: ir.For) -> int:
+    """Copies of vectorized loops that unrolling `loop` makes, with the auto-unrolled loops
+    inside it unrolled too (0: no vectorized loop inside). Register tiles and transposed
+    stores count as the loops they were scheduled as."""
+    def inside(stmt: ir.Stmt) -> int:
+        t = type(stmt)
+        if t is ir.For:
+            if stmt.kind == "vectorized":
+                return 1
+            n = inside(stmt.body)
+            return n * stmt.extent if stmt.unroll_hint or stmt.kind == "unrolled" else n
+        if t is ir.Seq:
+            return sum(inside(x) for x in stmt.stmts)
+        if t is ir.IfThenElse:
+            return inside(stmt.then) + (inside(stmt.orelse) if stmt.orelse is not None else 0)
+        if t is ir.Allocate:
+            return inside(stmt.body)
+        if t is ir.RegisterTile or t is ir.TransposedStore:
+            return inside(stmt.nest)
+        return 0
+
+    try:
+        return loop.extent * inside(loop.body)
+    finally:
+        inside = None  # noqa: F841 - a recursive closure refers to itself: free it now, not at GC
+
+
+def interleave_rounds(group: int, lanes: int) -> tuple[list[list[tuple[int, int, tuple[int, ...]]]], list[list]]:
+    """The shuffle network that transposes `group` vectors of `lanes` values.
+
+    Returns the rounds, each a list of (left, right, indices) per output vector (indices into
+    the concatenation of the two inputs, as `ANSOR_SHUFFLE` takes them), and what
+    each lane of each final vector holds, as (vector, lane) of the inputs. Every round zips
+    vector i with vector i + group/2: the low halves interleaved, then the high halves."""
+    half = lanes // 2
+    low = tuple(i for k in range(half) for i in (k, lanes + k))
+    high = tuple(i for k in range(half, lanes) for i in (k, lanes + k))
+    contents = [[(v, lane) for lane in range(lanes)] for v in range(group)]
+    rounds = []
+    for _ in range(group.bit_length() - 1):
+        shuffles, nxt = [], []
+        for i in range(group // 2):
+            left, right = i, i + group // 2
+            for indices in (low, high):
+                shuffles.append((left, right, indices))
+                both = contents[left] + contents[right]
+                nxt.append([both[j] for j in indices])
+        rounds.append(shuffles)
+        contents = nxt
+    return rounds, contents
+
+
+class CPrinter(CLikePrinter):
+    """C for gcc (or clang) with OpenMP, for the CPU backend."""
+
+    HEADER = cpu_prelude.HEADER
+    BARRIER = "/* barrier: no-op on the CPU */"
+    PRELUDE = CLikePrinter.PRELUDE + cpu_prelude.PIECES
+
+    def math_function(self, name: str, dtype: str) -> str:
+        if dtype == "float32" and name in cpu_prelude.VECTOR_MATH:
+            return self.use(f"ansor_{name}f")  # vectorizable; libm's stay scalar calls
+        return super().math_function(name, dtype)
+
+    def loop_annotations(self, s: ir.For, in_parallel: bool) -> tuple[list[str], bool]:
+        if s.kind == "parallel" and not in_parallel:
+            return ["#pragma omp parallel for"], True
+        if s.kind == "vectorized" and not any(type(x) is ir.For for x in ir.walk_stmts(s.body)):
+            return ["#pragma omp simd"], in_parallel
+        if s.kind == "unrolled" or (s.unroll_hint and unrolled_vector_loops(s) <= MAX_UNROLLED_VECTOR_LOOPS):
+            return [f"#pragma GCC unroll {min(s.extent, 65534)}"], in_parallel
+        return [], in_parallel
+
+    def dialect_stmt(self, s: ir.Stmt, depth: int, in_parallel: bool) -> None:
+        if type(s) is ir.RegisterTile:
+            self.register_tile(s, depth)
+        elif type(s) is ir.TransposedStore:
+            self.transposed_store(s, depth, in_parallel)
+        else:
+            super().dialect_stmt(s, depth, in_parallel)
+
+    # --- register tiles ---------------------------------------------------------------------
+    def register_tile(self, tile: ir.RegisterTile, depth: int) -> None:
+        """The accumulator in one vector variable per vector across the kept loops; each
+        update one vector statement."""
+        loops = tile.loops()
+        vt = self.use(f"ansor_f32x{tile.lanes}")
+        acc = self.names(tile.buffer, tile.buffer.name)
+        slots = tile.buffer.size // tile.lanes
+        regs = [self.names.fresh(f"{acc}_r{s}") for s in range(slots)]
+        self.emit(f"/* register tile: {acc} in {slots} {vt} variables across the reduction */", depth)
+        self.emit("{", depth)
+        d = depth + 1
+        self.emit(f"{vt} " + ", ".join(f"{r} = *({vt}*)&{acc}[{s * tile.lanes}]" for s, r in enumerate(regs)) + ";", d)
+        for f in loops[:tile.kept]:
+            var = self.names(f.var, f.var.name)
+            self.ranges[id(f.var)] = (0, f.extent - 1)
+            if f.kind == "unrolled" or f.unroll_hint:
+                self.emit(f"#pragma GCC unroll {min(f.extent, 65534)}", d)
+            self.emit(f"for ({self.INDEX_TYPE} {var} = 0; {var} < {f.extent}; ++{var}) {{", d)
+            d += 1
+        vector_loop = loops[-1]
+        self.ranges[id(vector_loop.var)] = (0, vector_loop.extent - 1)
+        loaded: dict[str, str] = {}
+        for slot, value, start in tile.updates:
+            rhs = self._vector_text(tile, vector_loop.var, value, E.Const(start, "int32"), loaded, d)
+            self.emit(f"{regs[slot]} = {regs[slot]} + {rhs};", d)
+        for _ in range(tile.kept):
+            d -= 1
+            self.emit("}", d)
+        for s, r in enumerate(regs):
+            self.emit(f"*({vt}*)&{acc}[{s * tile.lanes}] = {r};", d)
+        self.emit("}", depth)
+
+    def _vector_text(self, tile: ir.RegisterTile, vec_var: E.Var, expr: E.Expr, chunk_start: E.Const,
+                     loaded: dict[str, str], depth: int) -> str:
+        """`expr` for one vector chunk: contiguous loads become (pinned, shared) vector
+        variables, everything invariant in the vector variable stays scalar (GNU C broadcasts)."""
+        vt = f"ansor_f32x{tile.lanes}"
+        if isinstance(expr, ir.BufferLoad):
+            offset = load_offset(expr, self.ranges)
+            if index_coefficient(offset, vec_var) == 0:
+                return self.expr(expr)
+            text = f"*(const {vt}*)&{self.expr(E.substitute(expr, {vec_var: chunk_start}))}"
+            name = loaded.get(text)
+            if name is None:
+                name = self.names.fresh("vec")
+                loaded[text] = name
+                self.emit(f"{vt} {name} = {text};", depth)
+                if load_key(expr, offset) in tile.pinned:
+                    self.emit(f"{self.use(f'ANSOR_PIN{4 * tile.lanes}')}({name});", depth)
+            return name
+        if isinstance(expr, E.BinOp) and expr.op in ("+", "-", "*") and loads_in(expr):
+            a = self._vector_text(tile, vec_var, expr.a, chunk_start, loaded, depth)
+            b = self._vector_text(tile, vec_var, expr.b, chunk_start, loaded, depth)
+            return f"({a} {expr.op} {b})"
+        return self.expr(expr)
+
+    # --- transposed stores ------------------------------------------------------------------
+    def transposed_store(self, node: ir.TransposedStore, depth: int, in_parallel: bool) -> None:
+        """Vectors along f transposed in registers, stored as runs of contiguous a."""
+        outer, inner = node.nest, node.nest.body
+        store = inner.body
+        source = node.write.body.body.value
+        lanes, group = node.lanes, node.group
+        vt = self.use(f"ansor_f32x{lanes}")
+        out = self.names(store.buffer, store.buffer.name)
+        a_name, f_name = self.names(outer.var, outer.var.name), self.names(inner.var, inner.var.name)
+        self.emit(f"/* transposed store: {out} is contiguous along {a_name}, strided along the vector "
+                  f"axis {f_name} */", depth)
+        self.emit("{", depth)
+        d = depth + 1
+        if node.staging is not None:  # the values, computed into a contiguous buffer first
+            staging = node.staging.buffer
+            self.emit(f"float {self.names(staging, staging.name)}[{staging.size}] __attribute__((aligned(64)));", d)
+            self.stmt(node.staging.body, d, in_parallel)
+        block = E.Var("fb")
+        block_name = self.names(block, "fb")
+        blocks = inner.extent // lanes
+        self.ranges[id(block)] = (0, blocks - 1)
+        self.emit(f"for ({self.INDEX_TYPE} {block_name} = 0; {block_name} < {blocks}; ++{block_name}) {{", d)
+        d += 1
+
+        def at(load: ir.BufferLoad, a_value: int, f_lane: int) -> str:
+            """`load` at a = a_value and f = block * lanes + f_lane."""
+            bound = {outer.var: E.Const(a_value, "int32"), inner.var: block * lanes + E.Const(f_lane, "int32")}
+            return self.expr(E.substitute(load, bound))
+
+        rounds, contents = interleave_rounds(group, lanes)
+        if rounds:
+            self.use("ANSOR_SHUFFLE")
+            self.use(f"ansor_i32x{lanes}")
+        target = ir.BufferLoad(store.buffer, store.indices)
+        for start in range(0, outer.extent, group):
+            vectors = [self.names.fresh("tv") for _ in range(group)]
+            self.emit(f"{vt} " + ", ".join(f"{v} = *(const {vt}*)&{at(source, start + i, 0)}"
+                                           for i, v in enumerate(vectors)) + ";", d)
+            for shuffles in rounds:
+                made = [self.names.fresh("tv") for _ in shuffles]
+                parts = [f"{m} = ANSOR_SHUFFLE({vectors[left]}, {vectors[right]}, ansor_i32x{lanes}, "
+                         f"{', '.join(map(str, idx))})" for m, (left, right, idx) in zip(made, shuffles)]
+                self.emit(f"{vt} " + ", ".join(parts) + ";", d)
+                vectors = made
+            for v, lanes_held in zip(vectors, contents):
+                for g in range(0, lanes, group):
+                    held = lanes_held[g:g + group]
+                    f_lane = held[0][1]
+                    assert held == [(i, f_lane) for i in range(group)], "the interleave network is a transpose"
+                    address = at(target, start, f_lane)
+                    if group == lanes:
+                        self.emit(f"*({vt}*)&{address} = {v};", d)
+                    else:
+                        self.emit(f"__builtin_memcpy(&{address}, (const char*)&{v} + {4 * g}, {4 * group});", d)
+        d -= 1
+        self.emit("}", d)
+        self.emit("}", depth)
+
+    # --- the file ---------------------------------------------------------------------------
+    def generate(self) -> str:
+        """The whole file: prelude, kernel, its C timer, and the prepack functions if any."""
+        func = self.func
+        sig = self.signature(func, False)
+        args = ", ".join(self.names(b, b.name) for b in func.params)
+        text = (
+            self.function(func, self.fname)
+            + f"\ndouble {self.fname}_timed(long long ansor_number, {sig}) {{\n"
+            + "  struct timespec ansor_t0, ansor_t1;\n"
+            + "  clock_gettime(CLOCK_MONOTONIC, &ansor_t0);\n"
+            + f"  for (long long ansor_r = 0; ansor_r < ansor_number; ++ansor_r) {self.fname}({args});\n"
+            + "  clock_gettime(CLOCK_MONOTONIC, &ansor_t1);\n"
+            + "  return (double)(ansor_t1.tv_sec - ansor_t0.tv_sec)"
+            + " + 1e-9 * (double)(ansor_t1.tv_nsec - ansor_t0.tv_nsec);\n"
+            + "}\n"
+        )
+        prepack = func.attrs.get("prepack")
+        if prepack is not None:
+            text += self.function(prepack, f"{self.fname}_prepack", writes_packed=True)
+            sizes = [b.nbytes for b in func.params if b.role == "packed"]
+            cases = "".join(f"    case {i}: return {n}LL;\n" for i, n in enumerate(sizes))
+            text += (f"\n/* bytes of packed parameter i (after the inputs and outputs); -1 past the last */\n"
+                     f"long long {self.fname}_packed_bytes(int i) {{\n  switch (i) {{\n{cases}"
+                     f"    default: return -1LL;\n  }}\n}}\n")
+        return self.prelude() + text
+
+
+def print_c(func: ir.PrimFunc) -> tuple[str, str]:
+    """(C source, entry function name) of a function the CPU's lowering passes have run on."""
+    printer = CPrinter(func)
+    return printer.generate(), printer.fname
+

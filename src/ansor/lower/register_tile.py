@@ -1,0 +1,200 @@
+"""Register tiles: a small accumulator kept in vector variables across its reduction.
+
+A cache-write stage (the `matmul.local` of a tiled GEMM) lowers to a small local array updated
+inside the reduction loops:
+
+    for k ...:                        loops that do not index the accumulator
+      for i in 0..I (unrolled):       loops that do
+        vectorize v in 0..W:
+          L[c(i) + v] = L[c(i) + v] + A[.., k] * B[k, .. v]
+
+Printed like that, gcc keeps `L` in memory (a load and a store around every FMA) and reads
+each `B` vector again for every row it multiplies, as a memory operand of the FMA. On the CPU
+this pass turns such a nest into an `ir.RegisterTile`: the accumulator vectors live in
+variables across the `k` loops; the loops that index the accumulator are unrolled, one vector
+statement per (point, vector chunk); each contiguous operand is loaded once per `k` iteration,
+and one that feeds several statements is pinned to a register. Anything else (guards,
+non-contiguous operands, a tile larger than the registers) keeps the plain loops.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+from ansor.lower import ir
+from ansor.lower.rewrite import StmtRewriter, flat_seq
+from ansor.te import expr as E
+from ansor.te.arith import Simplifier, simplify, to_linear
+from ansor.te.printer import expr_to_str
+
+MAX_VECTOR_STATEMENTS = 512  # unrolled statements per iteration of the kept loops
+MIN_USES_TO_PIN = 3  # statements reading an operand vector before it is pinned to a register
+
+
+def index_coefficient(expr: E.Expr, var: E.Var) -> int | None:
+    """The coefficient of `var` in a linear index, None if `var` also sits inside a
+    non-linear part (a div or mod)."""
+    coef = 0
+    stack = [(expr, 1)]
+    while stack:  # the linear form of `arith.to_linear`, without building it (a hot path)
+        node, scale = stack.pop()
+        if node is var:
+            coef += scale
+            continue
+        t = type(node)
+        if t is E.BinOp and node.dtype in E.INT_DTYPES and node.op in _LINEAR_OPS:
+            if node.op != "*":
+                stack.append((node.a, scale))
+                stack.append((node.b, scale if node.op == "+" else -scale))
+            elif type(node.b) is E.Const:
+                stack.append((node.a, scale * node.b.value))
+            elif type(node.a) is E.Const:
+                stack.append((node.b, scale * node.a.value))
+            else:
+                return _index_coefficient_of_form(expr, var)  # a product of sums: rare
+        elif t is not E.Const and t is not E.Var and any(n is var for n in E.walk(node)):
+            return None
+    return coef
+
+
+_LINEAR_OPS = ("+", "-", "*")
+
+
+def _index_coefficient_of_form(expr: E.Expr, var: E.Var) -> int | None:
+    lin = to_linear(expr)
+    coef = 0
+    for atom, c in lin.terms.values():
+        if atom is var:
+            coef = c
+        elif any(n is var for n in E.walk(atom)):
+            return None
+    return coef
+
+
+def load_offset(load: ir.BufferLoad, ranges: dict) -> E.Expr:
+    """The simplified element offset a load reads."""
+    return simplify(load.buffer.flat_index(load.indices), ranges)
+
+
+def load_key(load: ir.BufferLoad, offset: E.Expr) -> tuple[int, str]:
+    """Identifies a contiguous operand across the vector chunks of one step."""
+    return id(load.buffer), expr_to_str(offset)
+
+
+def loads_in(expr: E.Expr) -> list[ir.BufferLoad]:
+    return [n for n in E.walk(expr) if isinstance(n, ir.BufferLoad)]
+
+
+def _vectorizable(expr: E.Expr, vec_var: E.Var, offsets: dict[int, E.Expr]) -> bool:
+    """Whether an added value can be written as vector arithmetic: +, -, * over loads that are
+    contiguous in the vector variable or invariant in it, and anything else only where it does
+    not depend on the vector variable (it stays scalar and is broadcast). `offsets`: each
+    load's simplified element offset, by id."""
+    if isinstance(expr, ir.BufferLoad):
+        return index_coefficient(offsets[id(expr)], vec_var) in (0, 1)  # a broadcast or contiguous
+    if isinstance(expr, E.BinOp) and expr.op in ("+", "-", "*"):
+        return _vectorizable(expr.a, vec_var, offsets) and _vectorizable(expr.b, vec_var, offsets)
+    return not any(n is vec_var for n in E.walk(expr))
+
+
+def plan_register_tile(loop: ir.For, buf: ir.Buffer, vector_bytes: int, registers: int,
+                       ranges: dict) -> ir.RegisterTile | None:
+    """The register tile for the reduction nest `loop` into the local buffer `buf`, or None
+    where the nest does not have the shape (see the module docstring) or does not fit."""
+    if buf.dtype != "float32" or vector_bytes < 16:
+        return None
+    lanes = vector_bytes // 4
+    if buf.size % lanes:
+        return None
+    nest: list[ir.For] = []
+    node: ir.Stmt = loop
+    while isinstance(node, ir.For):
+        nest.append(node)
+        node = node.body
+    store = node
+    if not isinstance(store, ir.Store) or store.buffer is not buf or not nest:
+        return None
+    vec = nest[-1]
+    if vec.kind != "vectorized" or vec.extent % lanes or any(f.kind in ("parallel", "vectorized") for f in nest[:-1]):
+        return None
+    value = store.value
+    if not (isinstance(value, E.BinOp) and value.op == "+" and isinstance(value.a, ir.BufferLoad)
+            and value.a.buffer is buf):
+        return None
+    added = value.b
+    if any(ld.buffer is buf for ld in loads_in(added)):
+        return None
+    index = buf.flat_index(store.indices)
+    index_vars = {id(v) for v in E.free_vars(index)}
+    split = next(p for p, f in enumerate(nest) if id(f.var) in index_vars or f is vec)
+    kept, inner = nest[:split], nest[split:-1]
+    count = 1
+    for f in inner:
+        count *= f.extent
+    chunks = vec.extent // lanes
+    if count * chunks > MAX_VECTOR_STATEMENTS:
+        return None
+    accumulators = buf.size // lanes  # vector variables the tile declares, live across the nest
+    if accumulators + 1 > registers:
+        return None
+    difference = to_linear(simplify(buf.flat_index(value.a.indices) - index, ranges))
+    if difference.terms or difference.const:
+        return None  # reads another element than it writes
+    scope = dict(ranges)
+    for f in kept:
+        scope[id(f.var)] = (0, f.extent - 1)
+    scope[id(vec.var)] = (0, vec.extent - 1)
+    simplifier = Simplifier(scope)  # the points share most of their subexpressions
+    updates: list[tuple[int, E.Expr, int]] = []
+    uses: Counter = Counter()  # statements per chunk that read each contiguous operand
+    for values in itertools.product(*(range(f.extent) for f in inner)):
+        binding = {f.var: E.Const(v, "int32") for f, v in zip(inner, values)}
+        point_value = E.substitute(added, binding)
+        loads = loads_in(point_value)
+        offsets = {id(ld): simplifier.simplify(ld.buffer.flat_index(ld.indices)) for ld in loads}
+        if not _vectorizable(point_value, vec.var, offsets):
+            return None
+        uses.update({load_key(ld, offsets[id(ld)]) for ld in loads if index_coefficient(offsets[id(ld)], vec.var) == 1})
+        for c in range(chunks):
+            at = simplifier.simplify(E.substitute(index, {**binding, vec.var: E.Const(c * lanes, "int32")}))
+            if not isinstance(at, E.Const) or at.value % lanes:
+                return None  # the accumulator element must be a fixed, aligned vector
+            updates.append((at.value // lanes, point_value, c * lanes))
+        if accumulators + len(uses) * chunks + 1 > registers:
+            return None  # the operands only grow: it will not fit
+    # a pin pays where a vector feeds several FMAs; pinning many vectors that feed one or two
+    # made gcc spill accumulators inside nested reduction loops instead
+    pinned = frozenset(key for key, n in uses.items() if n >= MIN_USES_TO_PIN)
+    return ir.RegisterTile(buf, loop, lanes, len(kept), tuple(updates), pinned)
+
+
+class _RegisterTiles(StmtRewriter):
+    """Finds the update nests directly inside the allocation of a local accumulator."""
+
+    def __init__(self, vector_bytes: int, vector_registers: int):
+        super().__init__()
+        self.vector_bytes = vector_bytes
+        self.vector_registers = vector_registers
+
+    def allocate(self, s: ir.Allocate) -> ir.Stmt:
+        if s.buffer.scope != "local":
+            return super().allocate(s)
+        parts = flat_seq(s.body)
+        out = []
+        for part in parts:
+            tile = None
+            if type(part) is ir.For:
+                tile = plan_register_tile(part, s.buffer, self.vector_bytes, self.vector_registers, self.ranges)
+            out.append(tile if tile is not None else self.stmt(part))
+        if all(a is b for a, b in zip(out, parts)):
+            return s
+        return ir.Allocate(s.buffer, out[0] if len(out) == 1 else ir.Seq(out))
+
+
+def form_register_tiles(func: ir.PrimFunc, vector_bytes: int, vector_registers: int) -> ir.PrimFunc:
+    """`func` (and its prepack function) with every accumulator nest that fits `vector_registers`
+    registers of `vector_bytes` bytes made an `ir.RegisterTile`."""
+    if vector_bytes < 16:
+        return func
+    return _RegisterTiles(vector_bytes, vector_registers).apply(func)

@@ -1,0 +1,100 @@
+"""Backends: chosen by the target's kind, each with its capabilities, lowering passes and printer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ansor
+from ansor import backend as backends
+from ansor import te
+from ansor.backend import Backend, Capabilities, backend_for, lower_for
+from ansor.backend import generate_source
+from ansor.kernel import compile_state
+from ansor.lower import ir
+from ansor.lower.lower import lower
+from helpers import assert_close, random_inputs
+
+AVX2 = ansor.Target("cpu", "avx2", 2, 32, 64)
+
+
+def tiled_matmul() -> tuple[ansor.Task, ansor.State]:
+    """A 4 x 16 accumulator tile computed at the output's tile loop, columns vectorized."""
+    A = te.placeholder((32, 40), name="A")
+    B = te.placeholder((40, 64), name="B")
+    task = ansor.Task([A, B, te.ops.matmul(A, B)])
+    s = ansor.State(task.dag)
+    cache = s.cache_write("matmul", "local")
+    s.split("matmul", "i", [4])
+    s.split("matmul", "j", [16])
+    s.reorder("matmul", ["i.0", "j.0", "i.1", "j.1"])
+    s.compute_at(cache, "matmul", "j.0")
+    s.reorder("matmul.local", ["k", "i", "j"])
+    s.annotate("matmul.local", "j", "vectorize")
+    return task, s
+
+
+def test_the_cpu_backend_reads_its_capabilities_off_the_target():
+    cpu = backend_for(AVX2)
+    assert cpu.kind == "cpu" and cpu.language == "c"
+    caps = cpu.capabilities(AVX2)
+    assert (caps.vector_bytes, caps.vector_registers, caps.parallel_loops) == (32, 16, True)
+    assert not caps.has_shared_memory and not caps.thread_binding
+    avx512 = cpu.capabilities(ansor.Target("cpu", "avx512", 2, 64, 64))
+    assert (avx512.vector_bytes, avx512.vector_registers) == (64, 32)
+
+
+def test_a_kind_without_a_backend_is_a_clear_error():
+    with pytest.raises(ValueError, match="no backend for target kind 'cuda'; available: cpu"):
+        generate_source(ansor.State(tiled_matmul()[0].dag), ansor.Target.cuda())
+
+
+def test_a_registered_backend_serves_its_kind(monkeypatch):
+    """generate_source goes through the registry: a new kind needs a Backend, not a branch."""
+    seen = []
+
+    def printer(func: ir.PrimFunc, caps: Capabilities) -> tuple[str, str]:
+        seen.append(caps)
+        return f"/* {func.name}: {sum(isinstance(x, ir.Store) for x in ir.walk_stmts(func.body))} stores */", func.name
+
+    def mark(func: ir.PrimFunc, caps: Capabilities) -> ir.PrimFunc:
+        return ir.PrimFunc(func.name + "_marked", func.params, func.body, func.attrs)
+
+    toy = Backend("toy", "text", lambda t: Capabilities(vector_bytes=t.vector_unit_bytes), (mark,), printer,
+                  builder=object, loader=object, runner=object)
+    monkeypatch.setitem(backends._BACKENDS, "toy", toy)
+    target = ansor.Target("toy", "none", 1, 8)
+    source, entry = generate_source(ansor.State(tiled_matmul()[0].dag), target, "k")
+    assert (source, entry) == ("/* k_marked: 2 stores */", "k_marked")
+    assert seen == [Capabilities(vector_bytes=8)]
+
+
+def test_cpu_lowering_makes_register_tiles_only_where_vectors_fit():
+    _, s = tiled_matmul()
+    tiles = [x for x in ir.walk_stmts(lower_for(s, AVX2).body) if isinstance(x, ir.RegisterTile)]
+    assert len(tiles) == 1 and tiles[0].lanes == 8 and tiles[0].kept == 1
+    assert len(tiles[0].updates) == 4 * 2  # rows x vector chunks
+    narrow = ansor.Target("cpu", "generic", 2, 8, 64)  # no vector unit worth a tile
+    assert not any(isinstance(x, ir.RegisterTile) for x in ir.walk_stmts(lower_for(s, narrow).body))
+
+
+def test_the_cpu_passes_leave_a_fitted_function_as_it_is():
+    """Running the passes again finds nothing new: generate_c may be given a fitted function."""
+    _, s = tiled_matmul()
+    cpu = backend_for(AVX2)
+    fitted = cpu.run_passes(lower(s), AVX2)
+    assert cpu.run_passes(fitted, AVX2) is fitted
+
+
+def test_a_kernel_built_through_the_backend_runs_its_register_tile(builder):
+    task, s = tiled_matmul()
+    if backend_for(task.target).capabilities(task.target).vector_bytes < 32:
+        pytest.skip("the host has no 8-lane vectors for a 16-column tile")
+    kernel = compile_state(task, s, builder=builder)
+    try:
+        assert "/* register tile: matmul_local in " in kernel.source
+        inputs = random_inputs(task)
+        a, b = (x.astype(np.float64) for x in inputs)
+        assert_close(kernel(*inputs), a @ b)
+    finally:
+        kernel.close()
