@@ -136,3 +136,18 @@ def test_bind_with_the_weight_listed_first(builder):
     ref = task.reference_outputs([ws, xs])[0]
     assert_close(kernel(ws, xs), ref)
     assert_close(kernel.bind(weight=ws)(xs), ref)
+
+
+def test_a_prepared_call_packs_once_or_every_time_and_matches_numpy(builder):
+    task = conv_task(True)
+    kernel = compile_state(task, packed_state(task), builder=builder)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 8, 10, 10), dtype=np.float32)
+    w = rng.standard_normal((16, 8, 3, 3), dtype=np.float32)
+    ref = task.reference_outputs([x, w])[0]
+    once = kernel.prepared(x, w)
+    every = kernel.prepared(x, w, include_prepack=True)
+    w[...] = 0  # prepared() copied its inputs
+    for _ in range(2):
+        assert_close(once()[0], ref)
+        assert_close(every()[0], ref)

@@ -278,7 +278,7 @@ def _tune_report(args, task, result, db_path: str) -> int:
     against numpy and PyTorch."""
     import ansor
     from ansor.baselines import time_in_turns, torch_callable
-    from ansor.measure import aligned_empty, check_outputs
+    from ansor.measure import check_outputs
     from ansor.report import best_text, comparison_table, console, error_summary
     from ansor.workloads import WORKLOADS, workload_options
 
@@ -301,16 +301,11 @@ def _tune_report(args, task, result, db_path: str) -> int:
     if problem:
         console.print(f"[red]the built kernel disagrees with the reference: {problem}[/]")
         return 1
-    out_buffers = [aligned_empty(t.shape, t.dtype) for t in task.outputs]
-    constants = {t.name: a for t, a in zip(task.inputs, inputs) if t.op.constant}
-    others = [a for t, a in zip(task.inputs, inputs) if not t.op.constant]
-    bound = kernel.bind(**constants) if kernel.packs_ahead else None
-    fns = {"ansor": (lambda: bound(*others, out=out_buffers)) if bound is not None
-           else (lambda: kernel(*inputs, out=out_buffers))}
+    fns = {"ansor": kernel.prepared(*inputs)}
     notes = {"ansor": "checked against numpy reference"
-             + (f"; {', '.join(kernel.constant_inputs)} packed ahead of the calls" if bound is not None else "")}
-    if bound is not None:
-        fns["ansor, packing in every call"] = lambda: kernel(*inputs, out=out_buffers)
+             + (f"; {', '.join(kernel.constant_inputs)} packed ahead of the calls" if kernel.packs_ahead else "")}
+    if kernel.packs_ahead:
+        fns["ansor, packing in every call"] = kernel.prepared(*inputs, include_prepack=True)
         notes["ansor, packing in every call"] = "kernel(...) without bind()"
     w = WORKLOADS[args.workload]
     if not args.no_baseline:

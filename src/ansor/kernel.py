@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -98,6 +98,27 @@ class Kernel:
         """This kernel with its constant inputs fixed (copied) and packed once; the result is
         called with the other inputs only, and runs at the speed measured during tuning."""
         return BoundKernel(self, constants)
+
+    def prepared(self, *inputs: np.ndarray, include_prepack: bool = False) -> Callable[[], list[np.ndarray]]:
+        """A call of the compiled kernel on fixed copies of `inputs`, for timing beside other
+        implementations: the outputs are allocated and the constants packed once, so a call
+        costs the kernel and one foreign-function call, as during tuning; it returns the output
+        buffers (the same arrays every call). With `include_prepack`, every call packs the
+        constants again (what `kernel(...)` does)."""
+        arrays = [aligned_copy(a) for a in self._check_inputs(inputs)]
+        outputs = self._outputs(None)
+        buffers = arrays + outputs + self._lib.packed_buffers()
+        lib = self._lib
+        lib.prepack(buffers)
+        pack_each_call = include_prepack and self.packs_ahead
+
+        def call() -> list[np.ndarray]:
+            if pack_each_call:
+                lib.prepack(buffers)
+            lib(buffers)
+            return outputs
+
+        return call
 
     def time(self, *inputs: np.ndarray, timing: TimingPolicy | None = None,
              include_prepack: bool = False) -> float:
