@@ -468,3 +468,13 @@ def test_check_structure_mismatches() -> None:
     assert "outputs" in check_outputs([a, a], [a])
     assert "shape" in check_outputs([a.T.copy()], [a])
     assert "dtype" in check_outputs([a.astype(np.float64)], [a])
+
+
+def test_a_worker_whose_parent_stopped_listening_ends_quietly():
+    from multiprocessing import Pipe
+
+    from ansor.measure.worker import serve
+
+    parent_end, worker_end = Pipe()
+    parent_end.close()  # the tuner was interrupted while this worker started
+    serve(worker_end)  # returns instead of raising BrokenPipeError (a traceback in the terminal)

@@ -209,3 +209,22 @@ def test_built_kernel_of_a_multi_task_job_is_correct(tmp_path):
                measures_per_round=2)
     x = np.random.randn(256, 8).astype("float32")
     np.testing.assert_array_equal(ansor.build(task, database=str(tmp_path / "k.db"))(x), np.maximum(x, 0))
+
+
+def test_cli_interrupted_while_it_starts_its_workers_prints_no_traceback(tmp_path):
+    db = str(tmp_path / "early.db")
+    cmd = [sys.executable, "-m", "ansor.cli", "tune", "matmul", "--shape", "48,48,48", "--trials", "5000",
+           "--database", db, "--no-baseline"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        header = proc.stdout.readline()  # printed just before tuning starts its workers
+        assert header.startswith("ansor tuning"), header
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err + out, err
+    assert [line for line in err.splitlines() if line.startswith("ansor: ")], err

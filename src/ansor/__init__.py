@@ -2,20 +2,48 @@
 
 Declare a computation with `ansor.te`, wrap it in a `Task`, `tune` it, and `build` the best
 program found as a callable `Kernel`.
+
+The names below are imported on first use, so that `import ansor.cli` (the command line) starts
+quickly and a Ctrl-C during start-up finds the command's own handler already in place.
 """
 
-from ansor import te
-from ansor.dag import ComputeDAG
-from ansor.database import Database, Record, default_database_path
-from ansor.kernel import Kernel, build
-from ansor.schedule import ScheduleError, State
-from ansor.target import Target
-from ansor.task import Task
-from ansor.tuner import TuneResult, tune
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "te", "ComputeDAG", "Database", "Record", "default_database_path", "Kernel", "build",
-    "ScheduleError", "State", "Target", "Task", "TuneResult", "tune", "__version__",
-]
+#: public name -> (module, attribute); attribute None: the module itself
+_EXPORTS: dict[str, tuple[str, str | None]] = {
+    "te": ("ansor.te", None),
+    "ComputeDAG": ("ansor.dag", "ComputeDAG"),
+    "Database": ("ansor.database", "Database"),
+    "Record": ("ansor.database", "Record"),
+    "default_database_path": ("ansor.database", "default_database_path"),
+    "Kernel": ("ansor.kernel", "Kernel"),
+    "build": ("ansor.kernel", "build"),
+    "ScheduleError": ("ansor.schedule", "ScheduleError"),
+    "State": ("ansor.schedule", "State"),
+    "Target": ("ansor.target", "Target"),
+    "Task": ("ansor.task", "Task"),
+    "TuneResult": ("ansor.tuner", "TuneResult"),
+    "tune": ("ansor.tuner", "tune"),
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'ansor' has no attribute {name!r}")
+    module, attribute = _EXPORTS[name]
+    value = importlib.import_module(module)
+    if attribute is not None:
+        value = getattr(value, attribute)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -6,7 +6,6 @@ import argparse
 import math
 import sys
 
-from ansor.tuner import TUNE_DEFAULTS
 
 DESCRIPTION = """\
 ansor finds fast CPU kernels for tensor computations by search: it generates candidate
@@ -46,6 +45,8 @@ def _shape(text: str) -> tuple[int, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ansor.tuner import TUNE_DEFAULTS
+
     parser = argparse.ArgumentParser(prog="ansor", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=_version())
@@ -152,6 +153,14 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C outside tuning (start-up, a read-only command): no traceback
+        print("ansor: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(_joined_negative_shapes(sys.argv[1:] if argv is None else argv))
     if args.command is None:
@@ -170,9 +179,6 @@ def main(argv: list[str] | None = None) -> int:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"ansor: error: {message}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C in a read-only command: nothing to keep, no traceback
-        print("ansor: interrupted", file=sys.stderr)
-        return 130
 
 
 def _joined_negative_shapes(argv: list[str]) -> list[str]:

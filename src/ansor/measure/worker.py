@@ -39,7 +39,10 @@ class _TaskArrays:
 def serve(conn: Connection) -> None:
     """Answer run requests until the parent closes the pipe."""
     task = _TaskArrays()
-    conn.send("ready")
+    try:
+        conn.send("ready")
+    except OSError:  # the parent stopped waiting (interrupted while the worker started)
+        return
     while True:
         try:
             request = conn.recv()
