@@ -65,6 +65,7 @@ class TaskTuner:
         self.measured_keys: set[str] = set(measured_keys or ())
         self._exhausted = False
         self.rounds = 0
+        self._cost_history: list[float] = []
 
     # --- what a task scheduler reads (search.scheduler.TaskView) -------------------------------
     @property
@@ -82,6 +83,16 @@ class TaskTuner:
     @property
     def exhausted(self) -> bool:
         return self._exhausted
+
+    @property
+    def flop(self) -> float:
+        return self.task.flop
+
+    @property
+    def cost_history(self) -> Sequence[float]:
+        """The best cost after each round of this job (what the gradient scheduler's backward
+        estimate reads)."""
+        return tuple(self._cost_history)
 
     # --- the loop ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -130,6 +141,7 @@ class TaskTuner:
         self.policy.update(batch)
         res.model_seconds += time.perf_counter() - t2
         self.rounds += 1
+        self._cost_history.append(res.best_cost)
         for cb in self.callbacks:
             cb.on_round_end(self, batch)
         return batch

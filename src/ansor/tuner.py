@@ -117,7 +117,8 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
          confirm_best: int = TUNE_DEFAULTS["confirm_best"],
          transfer_programs: int = TUNE_DEFAULTS["transfer_programs"],
          time_budget: float | None = None, scheduler: str | TaskScheduler = "round-robin",
-         callbacks: Sequence[TuningCallback] = ()) -> TuneResult | list[TuneResult]:
+         callbacks: Sequence[TuningCallback] = (),
+         task_weights: Sequence[float] | None = None) -> TuneResult | list[TuneResult]:
     """Search for fast programs of one task, or of several tasks together.
 
     `trials` programs are measured in all (across the tasks); with `time_budget` (seconds) the
@@ -132,6 +133,8 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
     The full tuner's model first learns from up to `transfer_programs` measured programs of the
     database's other workloads on the same target, so that even the first batch is chosen by a
     model rather than at random. `callback(result)` is called after every round.
+    `task_weights` (one per task, default 1) say how often each task occurs in the whole model;
+    the "gradient" scheduler minimises the sum of weight x latency.
     """
     single = isinstance(tasks, Task)
     task_list = [tasks] if single else list(tasks)
@@ -141,6 +144,8 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
         raise ValueError(f"tune: trials must be >= 0, got {trials}")
     if time_budget is not None and time_budget <= 0:
         raise ValueError(f"tune: time_budget must be positive seconds, got {time_budget}")
+    if task_weights is not None and (len(task_weights) != len(task_list) or any(w < 0 for w in task_weights)):
+        raise ValueError("tune: task_weights must give one non-negative weight per task")
     if isinstance(policy, SearchPolicy) and not single:
         raise ValueError("tune: a policy object serves one task; give a policy name for several tasks")
     if target is not None:
@@ -154,8 +159,8 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
     tuners: list[TaskTuner] = []
     try:
         tuners = _make_tuners(task_list, db, policy, seed, timeout, timing, progress, callback, callbacks,
-                              transfer_programs, trials)
-        _run(tuners, make_scheduler(scheduler), trials, measures_per_round, deadline)
+                              transfer_programs, trials, task_weights)
+        _run(tuners, make_scheduler(scheduler, seed), trials, measures_per_round, deadline)
         for tuner in tuners:
             if tuner.result.trials and confirm_best > 0:
                 _confirm_best(tuner, db, confirm_best)
@@ -172,7 +177,8 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
 
 def _make_tuners(tasks: Sequence[Task], db: Database, policy: str | SearchPolicy, seed: int | None,
                  timeout: float, timing: TimingPolicy | None, progress: bool, callback,
-                 callbacks: Sequence[TuningCallback], transfer_programs: int, trials: int) -> list[TaskTuner]:
+                 callbacks: Sequence[TuningCallback], transfer_programs: int, trials: int,
+                 task_weights: Sequence[float] | None = None) -> list[TaskTuner]:
     from ansor.report import TuneProgress
 
     models: dict[str, CostModel] = {}
@@ -186,12 +192,13 @@ def _make_tuners(tasks: Sequence[Task], db: Database, policy: str | SearchPolicy
     shared.append(TuneProgress(total=trials if len(tasks) == 1 else 0, enabled=progress, timeout=timeout))
     tuners: list[TaskTuner] = []
     try:
-        for task in tasks:
+        for i, task in enumerate(tasks):
             task_policy = make_policy(policy, task, seed, models.get(task.target.key))
             prior = db.best(task.workload_key, task.target.key)
             measurer = ProgramMeasurer(task, timeout=timeout, timing=timing, seed=0,
                                        best_cost=prior[0].median_cost if prior else math.inf)
             tuner = TaskTuner(task, task_policy, measurer, shared,
+                              weight=task_weights[i] if task_weights is not None else 1.0,
                               measured_keys=db.measured_state_keys(task.workload_key, task.target.key))
             tuners.append(tuner)
             res = tuner.result
