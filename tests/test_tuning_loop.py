@@ -154,7 +154,7 @@ def test_progress_without_a_terminal_prints_a_line_per_round(tmp_path):
                callbacks=[TuneProgress(total=6, stream=stream)], confirm_best=0)
     lines = [line for line in stream.getvalue().splitlines() if line.strip()]
     assert len(lines) == 2, lines
-    assert lines[0].startswith(f"{task.name}: round 1, 3 programs measured, best ")
+    assert lines[0].startswith(f"{task.name} 32x24: round 1, 3 programs measured, best ")
     assert "GFLOP/s" in lines[1]
 
 
@@ -228,3 +228,16 @@ def test_cli_interrupted_while_it_starts_its_workers_prints_no_traceback(tmp_pat
     assert proc.returncode == 130, err
     assert "Traceback" not in err + out, err
     assert [line for line in err.splitlines() if line.startswith("ansor: ")], err
+
+
+def test_a_multi_task_job_ends_with_a_table_of_its_tasks(tmp_path):
+    import io
+
+    stream = io.StringIO()
+    a, b = matmul_task(), matmul_task(16, 16, 16)
+    ansor.tune([a, b], trials=4, database=str(tmp_path / "tt.db"), progress=False, measures_per_round=2,
+               task_weights=[1, 3], callbacks=[TuneProgress(stream=stream)], confirm_best=0)
+    text = stream.getvalue()
+    assert "estimated total" in text and "share" in text
+    rows = [line for line in text.splitlines() if line.startswith("│ C ")]
+    assert len(rows) == 2 and "│      3 │" in rows[1], text

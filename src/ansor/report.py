@@ -29,6 +29,8 @@ class TuneProgress(TuningCallback):
         self.live = self.enabled and self._console.is_terminal
         self._progress: Progress | None = None
         self._rows: dict[int, int] = {}  # id(tuner) -> progress row
+        self._tuners: list = []           # every task of the job, in start order
+        self._ended = 0
         self._started = time.time()
 
     def _row(self, tuner) -> int:
@@ -40,19 +42,20 @@ class TuneProgress(TuningCallback):
             self._progress.start()
         key = id(tuner)
         if key not in self._rows:
-            self._rows[key] = self._progress.add_task(tuner.task.name, total=self.total or None,
+            self._rows[key] = self._progress.add_task(task_label(tuner.task), total=self.total or None,
                                                       phase="", best="-")
         return self._rows[key]
 
     def on_start(self, tuner) -> None:
         res = tuner.result
+        self._tuners.append(tuner)
         if not self.enabled:
             return
         if res.prior_records:
             self.note(tuner, f"resuming: {res.prior_records} records of this workload in the database"
                              + (f", best {best_text(res)}" if res.best_cost < math.inf else ""))
         model = getattr(tuner.policy, "cost_model", None)
-        if model is not None and getattr(model, "num_prior", 0):
+        if model is not None and model.num_prior:
             self.note(tuner, f"cost model starts from {model.num_prior} measured programs of other "
                              f"workloads in the database")
         if self.live:
@@ -71,7 +74,7 @@ class TuneProgress(TuningCallback):
         if self.enabled and not self.live:
             res = tuner.result
             errors = f", {error_summary(res.error_counts, self.timeout)}" if res.errors else ""
-            self._console.print(f"{tuner.task.name}: round {tuner.rounds}, {res.trials} program{'s' if res.trials != 1 else ''} measured, "
+            self._console.print(f"{task_label(tuner.task)}: round {tuner.rounds}, {res.trials} program{'s' if res.trials != 1 else ''} measured, "
                                 f"best {best_text(res)}{errors} ({time.time() - self._started:.0f} s)",
                                 markup=False, highlight=False, soft_wrap=True)
 
@@ -82,9 +85,33 @@ class TuneProgress(TuningCallback):
             if not self._rows:
                 self._progress.stop()
                 self._progress = None
+        self._ended += 1
+        if self.enabled and len(self._tuners) > 1 and self._ended == len(self._tuners):
+            self._console.print(task_table(self._tuners))
 
     def note(self, tuner, text: str) -> None:
-        self._console.print(f"[yellow]{tuner.task.name}: {text}[/]")
+        self._console.print(f"[yellow]{task_label(tuner.task)}: {text}[/]")
+
+
+def task_label(task) -> str:
+    """A task's name and output shape: tasks of one job often share an output name."""
+    return f"{task.name} {'x'.join(map(str, task.outputs[0].shape))}"
+
+
+def task_table(tuners: Sequence) -> Table:
+    """Each task of a multi-task job: its weight, best latency, trials, and share of the job's
+    estimated total (the weighted sum of the tasks' latencies, what the scheduler minimizes)."""
+    total = sum(t.weight * t.best_cost for t in tuners)
+    table = Table(title="tasks: estimated total " + (format_seconds(total) if math.isfinite(total)
+                                                     else "unknown (a task has no program yet)"))
+    for col in ("task", "weight", "best latency", "GFLOP/s", "trials", "share"):
+        table.add_column(col, justify="left" if col == "task" else "right")
+    for t in tuners:
+        res = t.result
+        share = f"{t.weight * t.best_cost / total:.0%}" if math.isfinite(total) and total > 0 else "-"
+        table.add_row(task_label(t.task), f"{t.weight:g}", format_seconds(t.best_cost),
+                      f"{res.best_gflops:.1f}" if res.best_cost < math.inf else "-", str(res.trials), share)
+    return table
 
 
 def best_text(res) -> str:
