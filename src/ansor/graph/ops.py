@@ -1,0 +1,368 @@
+"""The canonical operator set of the model graph, and the shape rule of each operator.
+
+Importers map framework operators onto this small, fixed vocabulary so that everything after
+import (partitioning into tasks, the executors) handles one set of operators whatever framework
+the model came from. The shape rules are the single statement of what each operator produces:
+`Graph.add_node` derives its output type from them, and `Graph.validate` checks the recorded
+types against them, so a wrong mapping is caught where it is made instead of as a wrong answer.
+
+Every operator has one output. Inputs are listed positionally; optional trailing inputs (a bias)
+may be left out. Attributes are plain Python values (ints, floats, strings, bools, None, tuples)
+so that they print, compare and hash structurally.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """The static type of a value: its shape and its dtype name (a numpy dtype name)."""
+
+    shape: Shape
+    dtype: str
+
+    def __str__(self) -> str:
+        dims = "x".join(str(d) for d in self.shape) if self.shape else "scalar"
+        return f"{dims} {self.dtype}"
+
+
+class ShapeError(ValueError):
+    """An operator was given inputs or attributes it cannot take."""
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """One canonical operator: how many inputs it takes, its attributes with their defaults,
+    and its shape rule (input types and attributes to the output type)."""
+
+    name: str
+    min_inputs: int
+    max_inputs: int
+    attrs: dict[str, Any]
+    infer: Callable[[Sequence[TensorType], dict[str, Any]], TensorType]
+
+
+OPS: dict[str, OpDef] = {}
+
+FLOAT_DTYPES = ("float16", "float32", "float64")
+
+
+def _register(name: str, n_in: int | tuple[int, int], attrs: dict[str, Any] | None = None):
+    lo, hi = (n_in, n_in) if isinstance(n_in, int) else n_in
+
+    def deco(fn):
+        OPS[name] = OpDef(name, lo, hi, dict(attrs or {}), fn)
+        return fn
+
+    return deco
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ShapeError(msg)
+
+
+def broadcast_shapes(*shapes: Shape) -> Shape:
+    """Numpy broadcasting of shapes (the rule every elementwise operator follows)."""
+    try:
+        return tuple(int(d) for d in np.broadcast_shapes(*shapes))
+    except ValueError as e:
+        raise ShapeError(f"shapes {list(shapes)} do not broadcast") from e
+
+
+def _axis(axis: int, rank: int) -> int:
+    _check(-rank <= axis < max(rank, 1), f"axis {axis} out of range for rank {rank}")
+    return axis % max(rank, 1)
+
+
+# ----------------------------------------------------------------------------- elementwise
+
+UNARY_OPS = ("relu", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "neg", "abs", "erf",
+             "silu", "hardswish", "hardsigmoid")
+BINARY_OPS = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
+COMPARE_OPS = ("eq", "ne", "lt", "le", "gt", "ge")
+
+
+def _same(types, attrs):
+    return types[0]
+
+
+for _name in UNARY_OPS:
+    _register(_name, 1)(_same)
+_register("gelu", 1, {"approximate": "none"})(_same)
+_register("clamp", 1, {"min": None, "max": None})(_same)
+
+
+@_register("cast", 1, {"dtype": "float32"})
+def _cast(types, attrs):
+    return TensorType(types[0].shape, str(np.dtype(attrs["dtype"])))
+
+
+def _binary(types, attrs):
+    a, b = types
+    _check(a.dtype == b.dtype, f"operand dtypes differ: {a.dtype} vs {b.dtype} (insert a cast)")
+    return TensorType(broadcast_shapes(a.shape, b.shape), a.dtype)
+
+
+def _compare(types, attrs):
+    return TensorType(_binary(types, attrs).shape, "bool")
+
+
+LOGICAL_OPS = ("logical_and", "logical_or")
+
+
+def _logical(types, attrs):
+    _check(all(t.dtype == "bool" for t in types), f"logical operators take bool, got {types}")
+    return TensorType(broadcast_shapes(*(t.shape for t in types)), "bool")
+
+
+for _name in BINARY_OPS:
+    _register(_name, 2)(_binary)
+for _name in LOGICAL_OPS:
+    _register(_name, 2)(_logical)
+_register("logical_not", 1)(_logical)
+for _name in COMPARE_OPS:
+    _register(_name, 2)(_compare)
+
+
+@_register("where", 3)
+def _where(types, attrs):
+    cond, a, b = types
+    _check(cond.dtype == "bool", f"where: condition must be bool, got {cond.dtype}")
+    _check(a.dtype == b.dtype, f"where: branch dtypes differ: {a.dtype} vs {b.dtype}")
+    return TensorType(broadcast_shapes(cond.shape, a.shape, b.shape), a.dtype)
+
+
+# ----------------------------------------------------------------------------- reductions
+
+
+def _reduce(types, attrs):
+    x = types[0]
+    axes = {_axis(a, len(x.shape)) for a in attrs["axes"]}
+    if attrs["keepdims"]:
+        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    else:
+        shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+    return TensorType(shape, x.dtype)
+
+
+for _name in ("mean", "sum", "max"):
+    _register(_name, 1, {"axes": (), "keepdims": False})(_reduce)
+
+
+def _normalize_axis(types, attrs):
+    _axis(attrs["axis"], len(types[0].shape))
+    return types[0]
+
+
+_register("softmax", 1, {"axis": -1})(_normalize_axis)
+_register("log_softmax", 1, {"axis": -1})(_normalize_axis)
+
+
+@_register("layer_norm", (1, 3), {"normalized_ndim": 1, "eps": 1e-5})
+def _layer_norm(types, attrs):
+    x, k = types[0], attrs["normalized_ndim"]
+    for p in types[1:]:
+        _check(p.shape == x.shape[len(x.shape) - k:], f"layer_norm: parameter {p.shape} "
+               f"does not match the last {k} dims of {x.shape}")
+    return x
+
+
+@_register("batch_norm", 5, {"eps": 1e-5})
+def _batch_norm(types, attrs):
+    """Inference batch norm: inputs (x, mean, var, weight, bias), statistics over axis 1."""
+    x = types[0]
+    _check(len(x.shape) >= 2, "batch_norm: needs a channel axis")
+    for p in types[1:]:
+        _check(p.shape == (x.shape[1],),
+               f"batch_norm: parameter {p.shape} for {x.shape[1]} channels")
+    return x
+
+
+# ----------------------------------------------------------------------------- dense
+
+
+@_register("conv2d", (2, 3), {"stride": (1, 1), "padding": (0, 0), "dilation": (1, 1), "groups": 1})
+def _conv2d(types, attrs):
+    """NCHW input, OIHW weight (I = C / groups), symmetric padding per spatial axis."""
+    x, w = types[0], types[1]
+    _check(len(x.shape) == 4 and len(w.shape) == 4, "conv2d: needs 4-d input and weight")
+    n, c, h, wd = x.shape
+    o, ci, kh, kw = w.shape
+    g = attrs["groups"]
+    _check(c == ci * g and o % g == 0, f"conv2d: {c} channels, weight {w.shape}, groups {g}")
+    if len(types) == 3:
+        _check(types[2].shape == (o,), f"conv2d: bias {types[2].shape} for {o} channels")
+    (sh, sw), (ph, pw), (dh, dw) = attrs["stride"], attrs["padding"], attrs["dilation"]
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    _check(oh > 0 and ow > 0, f"conv2d: empty output for input {x.shape}")
+    return TensorType((n, o, oh, ow), x.dtype)
+
+
+@_register("linear", (2, 3))
+def _linear(types, attrs):
+    """y = x @ w.T (+ b): weight is [out, in] as in PyTorch."""
+    x, w = types[0], types[1]
+    _check(len(w.shape) == 2 and x.shape[-1] == w.shape[1], f"linear: {x.shape} x {w.shape}")
+    if len(types) == 3:
+        _check(types[2].shape == (w.shape[0],), f"linear: bias {types[2].shape}")
+    return TensorType(x.shape[:-1] + (w.shape[0],), x.dtype)
+
+
+@_register("matmul", 2)
+def _matmul(types, attrs):
+    """Batched matrix product of rank >= 2 operands with broadcast batch dims."""
+    a, b = types
+    _check(len(a.shape) >= 2 and len(b.shape) >= 2, f"matmul: ranks {a.shape} {b.shape}")
+    _check(a.shape[-1] == b.shape[-2], f"matmul: {a.shape} x {b.shape}")
+    batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return TensorType(batch + (a.shape[-2], b.shape[-1]), a.dtype)
+
+
+@_register("scaled_dot_product_attention", (3, 4), {"is_causal": False, "scale": None})
+def _sdpa(types, attrs):
+    """softmax(q @ k^T * scale + mask) @ v; a bool mask keeps True, a float mask is added."""
+    q, k, v = types[:3]
+    _check(q.shape[-1] == k.shape[-1] and k.shape[-2] == v.shape[-2],
+           f"attention: q {q.shape} k {k.shape} v {v.shape}")
+    scores = q.shape[:-1] + (k.shape[-2],)
+    if len(types) == 4:
+        broadcast_shapes(types[3].shape, scores)
+    return TensorType(q.shape[:-1] + (v.shape[-1],), q.dtype)
+
+
+@_register("embedding", 2)
+def _embedding(types, attrs):
+    """Rows of a [num, dim] table picked by integer ids: inputs (weight, ids)."""
+    w, ids = types
+    _check(len(w.shape) == 2 and ids.dtype.startswith("int"), f"embedding: {w} with ids {ids}")
+    return TensorType(ids.shape + (w.shape[1],), w.dtype)
+
+
+@_register("index", (2, 1 << 8))
+def _index(types, attrs):
+    """Advanced indexing of the leading axes, x[i0, i1, ...] as numpy does it: integer index
+    tensors broadcast together and replace as many leading axes of x."""
+    x, idx = types[0], types[1:]
+    _check(len(idx) <= len(x.shape), f"index: {len(idx)} indices for rank {len(x.shape)}")
+    _check(all(t.dtype.startswith("int") for t in idx), "index: indices must be integers")
+    return TensorType(broadcast_shapes(*(t.shape for t in idx)) + x.shape[len(idx):], x.dtype)
+
+
+# ----------------------------------------------------------------------------- pooling
+
+
+def _pool_out(size: int, k: int, s: int, p: int, d: int, ceil: bool) -> int:
+    span = size + 2 * p - d * (k - 1) - 1
+    out = (-(-span // s) if ceil else span // s) + 1
+    if ceil and (out - 1) * s >= size + p:  # the last window must start inside the input
+        out -= 1
+    return out
+
+
+@_register("max_pool2d", 1, {"kernel": (1, 1), "stride": (1, 1), "padding": (0, 0),
+                             "dilation": (1, 1), "ceil_mode": False})
+def _max_pool2d(types, attrs):
+    x = types[0]
+    _check(len(x.shape) == 4, "max_pool2d: needs NCHW")
+    hw = tuple(_pool_out(x.shape[2 + i], attrs["kernel"][i], attrs["stride"][i],
+                         attrs["padding"][i], attrs["dilation"][i], attrs["ceil_mode"])
+               for i in range(2))
+    return TensorType(x.shape[:2] + hw, x.dtype)
+
+
+@_register("avg_pool2d", 1, {"kernel": (1, 1), "stride": (1, 1), "padding": (0, 0),
+                             "ceil_mode": False, "count_include_pad": True,
+                             "divisor_override": None})
+def _avg_pool2d(types, attrs):
+    x = types[0]
+    _check(len(x.shape) == 4, "avg_pool2d: needs NCHW")
+    hw = tuple(_pool_out(x.shape[2 + i], attrs["kernel"][i], attrs["stride"][i],
+                         attrs["padding"][i], 1, attrs["ceil_mode"]) for i in range(2))
+    return TensorType(x.shape[:2] + hw, x.dtype)
+
+
+@_register("adaptive_avg_pool2d", 1, {"output_size": (1, 1)})
+def _adaptive_avg_pool2d(types, attrs):
+    x = types[0]
+    _check(len(x.shape) == 4, "adaptive_avg_pool2d: needs NCHW")
+    return TensorType(x.shape[:2] + tuple(attrs["output_size"]), x.dtype)
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+@_register("reshape", 1, {"shape": ()})
+def _reshape(types, attrs):
+    x, shape = types[0], tuple(attrs["shape"])
+    _check(all(d >= 0 for d in shape), f"reshape: target {shape} must be explicit")
+    _check(int(np.prod(shape)) == int(np.prod(x.shape)), f"reshape: {x.shape} to {shape}")
+    return TensorType(shape, x.dtype)
+
+
+@_register("permute", 1, {"axes": ()})
+def _permute(types, attrs):
+    x, axes = types[0], tuple(attrs["axes"])
+    _check(sorted(axes) == list(range(len(x.shape))), f"permute: {axes} for rank {len(x.shape)}")
+    return TensorType(tuple(x.shape[a] for a in axes), x.dtype)
+
+
+@_register("expand", 1, {"shape": ()})
+def _expand(types, attrs):
+    x, shape = types[0], tuple(attrs["shape"])
+    _check(broadcast_shapes(x.shape, shape) == shape, f"expand: {x.shape} to {shape}")
+    return TensorType(shape, x.dtype)
+
+
+@_register("concat", (1, 1 << 16), {"axis": 0})
+def _concat(types, attrs):
+    first = types[0]
+    axis = _axis(attrs["axis"], len(first.shape))
+    for t in types[1:]:
+        _check(t.dtype == first.dtype and len(t.shape) == len(first.shape)
+               and all(a == b for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != axis),
+               f"concat: {t} does not match {first} off axis {axis}")
+    size = sum(t.shape[axis] for t in types)
+    return TensorType(first.shape[:axis] + (size,) + first.shape[axis + 1:], first.dtype)
+
+
+@_register("slice", 1, {"axis": 0, "start": 0, "end": 0, "step": 1})
+def _slice(types, attrs):
+    """x[start:end:step] along one axis; start and end are already within [0, size]."""
+    x = types[0]
+    axis = _axis(attrs["axis"], len(x.shape))
+    start, end, step = attrs["start"], attrs["end"], attrs["step"]
+    _check(0 <= start <= x.shape[axis] and 0 <= end <= x.shape[axis] and step > 0,
+           f"slice: [{start}:{end}:{step}] on axis of size {x.shape[axis]}")
+    n = max(0, -(-(end - start) // step))
+    return TensorType(x.shape[:axis] + (n,) + x.shape[axis + 1:], x.dtype)
+
+
+@_register("pad", 1, {"pads": (), "value": 0.0})
+def _pad(types, attrs):
+    """Constant padding: pads holds one (before, after) pair per axis, outermost first."""
+    x, pads = types[0], attrs["pads"]
+    _check(len(pads) == len(x.shape), f"pad: {len(pads)} pairs for rank {len(x.shape)}")
+    shape = tuple(d + lo + hi for d, (lo, hi) in zip(x.shape, pads))
+    _check(all(d >= 0 for d in shape), f"pad: negative size {shape}")
+    return TensorType(shape, x.dtype)
+
+
+def infer_type(op: str, types: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
+    """The output type of `op` applied to inputs of `types` (raises ShapeError if it cannot)."""
+    if op not in OPS:
+        raise ShapeError(f"unknown operator {op!r}")
+    d = OPS[op]
+    _check(d.min_inputs <= len(types) <= d.max_inputs,
+           f"{op}: takes {d.min_inputs}..{d.max_inputs} inputs, got {len(types)}")
+    unknown = set(attrs) - set(d.attrs)
+    _check(not unknown, f"{op}: unknown attributes {sorted(unknown)}")
+    return d.infer(list(types), {**d.attrs, **attrs})

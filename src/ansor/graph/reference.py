@@ -1,0 +1,351 @@
+"""A numpy executor of a model graph: every canonical operator written directly in numpy.
+
+It is the meaning of the IR: importers are checked against the source framework through it, and
+it is the fallback runtime for operators that have no tuned kernel. Clarity wins over speed here,
+but the dense operators use tensordot/einsum over strided windows so that small networks run in
+seconds. Values keep the dtype the graph gives them (float32 for a typical network).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from ansor.graph.ir import Graph, GraphError, Node
+
+Kernel = Callable[[list[np.ndarray], dict[str, Any]], np.ndarray]
+KERNELS: dict[str, Kernel] = {}
+
+
+def _kernel(*names: str):
+    def deco(fn: Kernel) -> Kernel:
+        for n in names:
+            KERNELS[n] = fn
+        return fn
+
+    return deco
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+_UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "relu": lambda x: np.maximum(x, 0),
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+    "tanh": np.tanh,
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1 / np.sqrt(x),
+    "neg": np.negative,
+    "abs": np.abs,
+    "logical_not": np.logical_not,
+    "erf": lambda x: _erf(x),
+    "silu": lambda x: x / (1 + np.exp(-x)),
+    "hardswish": lambda x: x * np.clip(x + 3, 0, 6) / 6,
+    "hardsigmoid": lambda x: np.clip(x + 3, 0, 6) / 6,
+}
+_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "pow": np.power,
+    "maximum": np.maximum, "minimum": np.minimum,
+    "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+    "gt": np.greater, "ge": np.greater_equal,
+    "logical_and": np.logical_and, "logical_or": np.logical_or,
+}
+
+
+def _make_unary(fn):
+    return lambda xs, a: fn(xs[0])
+
+
+def _make_binary(fn):
+    return lambda xs, a: fn(xs[0], xs[1])
+
+
+for _n, _f in _UNARY.items():
+    KERNELS[_n] = _make_unary(_f)
+for _n, _f in _BINARY.items():
+    KERNELS[_n] = _make_binary(_f)
+
+
+@_kernel("div")
+def _div(xs, a):
+    x, y = xs
+    if np.issubdtype(x.dtype, np.integer):  # true division is a float operation in the IR
+        raise GraphError("div on integers is not defined; cast first")
+    return x / y
+
+
+@_kernel("gelu")
+def _gelu(xs, a):
+    x = xs[0]
+    if a["approximate"] == "tanh":
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1 + _erf(x / math.sqrt(2)))
+
+
+@_kernel("clamp")
+def _clamp(xs, a):
+    x = xs[0]
+    if a["min"] is not None:
+        x = np.maximum(x, np.asarray(a["min"], dtype=x.dtype))
+    if a["max"] is not None:
+        x = np.minimum(x, np.asarray(a["max"], dtype=x.dtype))
+    return x
+
+
+@_kernel("cast")
+def _cast(xs, a):
+    return xs[0].astype(a["dtype"])
+
+
+@_kernel("where")
+def _where(xs, a):
+    return np.where(*xs)
+
+
+@_kernel("mean", "sum", "max")
+def _reduce(xs, a):
+    fn = {"mean": np.mean, "sum": np.sum, "max": np.max}
+    return fn[a["op"]](xs[0], axis=tuple(a["axes"]), keepdims=a["keepdims"])
+
+
+@_kernel("softmax")
+def _softmax(xs, a):
+    x = xs[0]
+    e = np.exp(x - np.max(x, axis=a["axis"], keepdims=True))
+    return e / np.sum(e, axis=a["axis"], keepdims=True)
+
+
+@_kernel("log_softmax")
+def _log_softmax(xs, a):
+    x = xs[0]
+    s = x - np.max(x, axis=a["axis"], keepdims=True)
+    return s - np.log(np.sum(np.exp(s), axis=a["axis"], keepdims=True))
+
+
+@_kernel("layer_norm")
+def _layer_norm(xs, a):
+    x = xs[0]
+    axes = tuple(range(x.ndim - a["normalized_ndim"], x.ndim))
+    mean = np.mean(x, axis=axes, keepdims=True)
+    var = np.mean(np.square(x - mean), axis=axes, keepdims=True)
+    y = (x - mean) / np.sqrt(var + a["eps"])
+    if len(xs) > 1:
+        y = y * xs[1]
+    if len(xs) > 2:
+        y = y + xs[2]
+    return y
+
+
+@_kernel("batch_norm")
+def _batch_norm(xs, a):
+    x, mean, var, w, b = xs
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    scale = (w / np.sqrt(var + a["eps"])).reshape(shape)
+    return (x - mean.reshape(shape)) * scale + b.reshape(shape)
+
+
+def _windows(x: np.ndarray, kernel, stride, dilation, out_hw) -> np.ndarray:
+    """Strided windows of an already padded NCHW array: [N, C, OH, OW, KH, KW]."""
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    win = sliding_window_view(x, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))
+    win = win[:, :, ::sh, ::sw, ::dh, ::dw]
+    return win[:, :, :out_hw[0], :out_hw[1]]
+
+
+@_kernel("conv2d")
+def _conv2d(xs, a):
+    x, w = xs[0], xs[1]
+    (ph, pw), g = a["padding"], a["groups"]
+    n, c = x.shape[:2]
+    o, cg, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    out_hw = a["out_hw"]
+    win = _windows(xp, (kh, kw), a["stride"], a["dilation"], out_hw)
+    if g == 1:
+        y = np.tensordot(win, w, axes=([1, 4, 5], [1, 2, 3])).transpose(0, 3, 1, 2)
+    else:
+        win = win.reshape(n, g, cg, *win.shape[2:])
+        wg = w.reshape(g, o // g, cg, kh, kw)
+        y = np.einsum("ngchwij,gocij->ngohw", win, wg, optimize=True)
+        y = y.reshape(n, o, *out_hw)
+    if len(xs) == 3:
+        y = y + xs[2].reshape(1, -1, 1, 1)
+    return y
+
+
+@_kernel("linear")
+def _linear(xs, a):
+    y = np.matmul(xs[0], xs[1].T)
+    return y + xs[2] if len(xs) == 3 else y
+
+
+@_kernel("matmul")
+def _matmul(xs, a):
+    return np.matmul(xs[0], xs[1])
+
+
+@_kernel("scaled_dot_product_attention")
+def _sdpa(xs, a):
+    q, k, v = xs[:3]
+    scale = a["scale"] if a["scale"] is not None else 1 / math.sqrt(q.shape[-1])
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * np.asarray(scale, dtype=q.dtype)
+    if a["is_causal"]:
+        lq, lk = s.shape[-2:]
+        keep = np.tril(np.ones((lq, lk), dtype=bool))
+        s = np.where(keep, s, -np.inf)
+    if len(xs) == 4:
+        mask = xs[3]
+        s = np.where(mask, s, -np.inf) if mask.dtype == bool else s + mask
+    p = _softmax([s], {"axis": -1})
+    return np.matmul(p, v)
+
+
+@_kernel("embedding")
+def _embedding(xs, a):
+    w, ids = xs
+    return w[ids]
+
+
+@_kernel("index")
+def _index(xs, a):
+    return xs[0][tuple(xs[1:])]
+
+
+def _pool_pads(x, a) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(before, after) padding per spatial axis that makes every output window fit."""
+    pads = []
+    for i in range(2):
+        k, s, p = a["kernel"][i], a["stride"][i], a["padding"][i]
+        d = a.get("dilation", (1, 1))[i]
+        need = (a["out_hw"][i] - 1) * s + (k - 1) * d + 1
+        pads.append((p, max(p, need - x.shape[2 + i] - p)))
+    return tuple(pads)
+
+
+@_kernel("max_pool2d")
+def _max_pool2d(xs, a):
+    x = xs[0]
+    pads = _pool_pads(x, a)
+    xp = np.pad(x, ((0, 0), (0, 0)) + pads, constant_values=-np.inf)
+    win = _windows(xp, a["kernel"], a["stride"], a["dilation"], a["out_hw"])
+    return win.max(axis=(4, 5))
+
+
+@_kernel("avg_pool2d")
+def _avg_pool2d(xs, a):
+    x = xs[0]
+    pads = _pool_pads(x, a)
+    no_dil = (1, 1)
+    total = _windows(np.pad(x, ((0, 0), (0, 0)) + pads), a["kernel"], a["stride"], no_dil,
+                     a["out_hw"]).sum(axis=(4, 5))
+    if a["divisor_override"] is not None:
+        return total / np.asarray(a["divisor_override"], dtype=x.dtype)
+    # Count the window cells that fall inside the input (or inside its declared padding).
+    ones = np.ones((1, 1) + x.shape[2:], dtype=x.dtype)
+    if a["count_include_pad"]:
+        p = a["padding"]
+        ones = np.pad(ones, ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])), constant_values=1)
+        extra = tuple((lo - pp, hi - pp) for (lo, hi), pp in zip(pads, p))
+    else:
+        extra = pads
+    count = _windows(np.pad(ones, ((0, 0), (0, 0)) + extra), a["kernel"], a["stride"], no_dil,
+                     a["out_hw"]).sum(axis=(4, 5))
+    return total / count
+
+
+@_kernel("adaptive_avg_pool2d")
+def _adaptive_avg_pool2d(xs, a):
+    x = xs[0]
+    (h, w), (oh, ow) = x.shape[2:], a["output_size"]
+    y = np.empty(x.shape[:2] + (oh, ow), dtype=x.dtype)
+    for i in range(oh):
+        h0, h1 = (i * h) // oh, -((-(i + 1) * h) // oh)
+        for j in range(ow):
+            w0, w1 = (j * w) // ow, -((-(j + 1) * w) // ow)
+            y[:, :, i, j] = x[:, :, h0:h1, w0:w1].mean(axis=(2, 3))
+    return y
+
+
+@_kernel("reshape")
+def _reshape(xs, a):
+    return xs[0].reshape(a["shape"])
+
+
+@_kernel("permute")
+def _permute(xs, a):
+    return xs[0].transpose(a["axes"])
+
+
+@_kernel("expand")
+def _expand(xs, a):
+    return np.broadcast_to(xs[0], a["shape"])
+
+
+@_kernel("concat")
+def _concat(xs, a):
+    return np.concatenate(xs, axis=a["axis"])
+
+
+@_kernel("slice")
+def _slice(xs, a):
+    x = xs[0]
+    index = [slice(None)] * x.ndim
+    index[a["axis"]] = slice(a["start"], a["end"], a["step"])
+    return x[tuple(index)]
+
+
+@_kernel("pad")
+def _pad(xs, a):
+    return np.pad(xs[0], a["pads"], constant_values=a["value"])
+
+
+def run_node(graph: Graph, node: Node, args: list[np.ndarray]) -> np.ndarray:
+    """Evaluate one node on numpy inputs, returning an array of the node's recorded type."""
+    if node.op not in KERNELS:
+        raise GraphError(f"the reference executor has no kernel for {node.op!r}")
+    attrs = dict(node.attrs)
+    out_type = graph.types[node.output]
+    if node.op in ("mean", "sum", "max"):
+        attrs["op"] = node.op
+    if node.op in ("conv2d", "max_pool2d", "avg_pool2d"):
+        attrs["out_hw"] = out_type.shape[2:]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        y = KERNELS[node.op](args, attrs)
+    y = np.asarray(y, dtype=out_type.dtype)
+    if y.shape != out_type.shape:
+        raise GraphError(f"%{node.output} = {node.op}: kernel gave shape {y.shape}, "
+                         f"graph says {out_type.shape}")
+    return y
+
+
+def run_graph(graph: Graph, inputs: Mapping[str, Any] | list[Any]) -> list[np.ndarray]:
+    """Run the graph on inputs (by name, or a list in `graph.inputs` order); return its outputs.
+
+    Each intermediate is dropped after its last use, so peak memory stays near that of one
+    layer rather than the whole network."""
+    if not isinstance(inputs, Mapping):
+        if len(inputs) != len(graph.inputs):
+            raise GraphError(f"expected {len(graph.inputs)} inputs, got {len(inputs)}")
+        inputs = dict(zip(graph.inputs, inputs))
+    env: dict[str, np.ndarray] = dict(graph.constants)
+    for name in graph.inputs:
+        t = graph.types[name]
+        x = np.asarray(inputs[name])
+        if tuple(x.shape) != t.shape:
+            raise GraphError(f"input {name!r}: expected shape {t.shape}, got {x.shape}")
+        env[name] = x.astype(t.dtype, copy=False)
+    last_use = {}
+    for idx, n in enumerate(graph.nodes):
+        for i in n.inputs:
+            last_use[i] = idx
+    keep = set(graph.outputs) | set(graph.constants) | set(graph.inputs)
+    for idx, n in enumerate(graph.nodes):
+        env[n.output] = run_node(graph, n, [env[i] for i in n.inputs])
+        for i in dict.fromkeys(n.inputs):
+            if last_use[i] == idx and i not in keep:
+                del env[i]
+    return [env[o] for o in graph.outputs]
