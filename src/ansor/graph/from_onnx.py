@@ -1,0 +1,483 @@
+"""ONNX models as graphs: the second door into whole-model tuning, beside `from_torch`.
+
+An ONNX file carries its own arithmetic on shapes (Shape -> Gather -> Concat -> Reshape, from
+exporters that trace dynamic code). Every node whose inputs are all known at import time (the
+weights, Constant nodes, the static shapes of values) is evaluated right here with ONNX's own
+reference evaluator, so such chains become constants and only the network's real work reaches
+the graph. What remains maps to the canonical operators of `ops.py`; an operator outside the
+set is an `UnsupportedOperatorError` naming it and its node, never a silent wrong answer.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+from ansor.graph.from_torch import UnsupportedOperatorError
+from ansor.graph.ir import Graph
+
+__all__ = ["from_onnx"]
+
+Handler = Callable[["_OnnxImporter", Any], None]
+_HANDLERS: dict[str, Handler] = {}
+
+
+def _handles(*op_types: str):
+    def deco(fn: Handler) -> Handler:
+        for op_type in op_types:
+            _HANDLERS[op_type] = fn
+        return fn
+    return deco
+
+
+def from_onnx(model: Any) -> Graph:
+    """The graph of an ONNX model (an `onnx.ModelProto` or the path of a .onnx file) with
+    static input shapes."""
+    import onnx
+
+    if isinstance(model, (str, os.PathLike)):
+        model = onnx.load(os.fspath(model))
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"from_onnx takes an onnx.ModelProto or a path, got {type(model).__name__}")
+    model = onnx.shape_inference.infer_shapes(model)
+    return _OnnxImporter(model).run()
+
+
+class _OnnxImporter:
+    def __init__(self, model: Any):
+        from onnx import numpy_helper
+
+        self.model = model
+        self.graph = Graph()
+        self.known: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+        self.values: dict[str, str] = {}    # ONNX value name -> graph value or constant name
+        self.opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=13)
+
+    # ------------------------------------------------------------------------ the walk
+    def run(self) -> Graph:
+        from onnx import helper
+
+        for vi in self.model.graph.input:
+            if vi.name in self.known:
+                continue  # an initializer listed as an input (older exporters)
+            t = vi.type.tensor_type
+            shape = [d.dim_value for d in t.shape.dim]
+            if any(d.dim_value <= 0 for d in t.shape.dim):
+                raise ValueError(f"input {vi.name!r} has a dynamic shape {[d.dim_param or d.dim_value for d in t.shape.dim]}; "
+                                 f"ansor compiles for static shapes: export with fixed sizes")
+            self.values[vi.name] = self.graph.add_input(_safe(vi.name), shape, helper.tensor_dtype_to_np_dtype(t.elem_type))
+        for node in self.model.graph.node:
+            if node.domain not in ("", "ai.onnx"):
+                self._unsupported(node, f"operator domain {node.domain!r}")
+            if node.op_type == "Shape" and node.input[0] in self.values:
+                self.known[node.output[0]] = self._static_shape(node)
+            elif all(not name or name in self.known for name in node.input):
+                self._evaluate(node)
+            elif node.op_type in _HANDLERS:
+                _HANDLERS[node.op_type](self, node)
+            else:
+                self._unsupported(node, "operator")
+        for out in self.model.graph.output:
+            if out.name in self.known:
+                name = self.graph.add_constant(self.known[out.name])
+                self.values[out.name] = self.graph.add_node("reshape", [name], {"shape": self.known[out.name].shape})
+            self.graph.outputs.append(self.values[out.name])
+        self.graph.validate()
+        return self.graph
+
+    def _unsupported(self, node: Any, what: str) -> None:
+        raise UnsupportedOperatorError(f"unsupported ONNX {what} {node.op_type!r} at node {node.name!r} "
+                                       f"(inputs {list(node.input)})")
+
+    def _evaluate(self, node: Any) -> None:
+        """A node whose inputs are all known: computed now, its outputs known."""
+        from onnx import helper
+        from onnx.reference import ReferenceEvaluator
+
+        inputs = [i for i in node.input if i]
+        graph = helper.make_graph([node], "fold",
+                                  [helper.make_tensor_value_info(i, helper.np_dtype_to_tensor_dtype(self.known[i].dtype),
+                                                                 self.known[i].shape) for i in inputs],
+                                  [helper.make_empty_tensor_value_info(o) for o in node.output if o])
+        model = helper.make_model(graph, opset_imports=list(self.model.opset_import))
+        results = ReferenceEvaluator(model).run(None, {i: self.known[i] for i in inputs})
+        for name, value in zip([o for o in node.output if o], results):
+            self.known[name] = np.asarray(value)
+
+    def _static_shape(self, node: Any) -> np.ndarray:
+        shape = np.array(self.graph.type_of(self.values[node.input[0]]).shape, dtype=np.int64)
+        start = _attr(node, "start", 0)
+        end = _attr(node, "end", None)
+        return shape[start:end]
+
+    # ------------------------------------------------------------------------ helpers
+    def value(self, name: str) -> str:
+        """The graph name of an ONNX value; known arrays become constants on first use."""
+        if name not in self.values:
+            if name not in self.known:
+                raise UnsupportedOperatorError(f"value {name!r} is used before it is defined")
+            self.values[name] = self.graph.add_constant(self.known[name])
+        return self.values[name]
+
+    def const(self, name: str, what: str, node: Any) -> np.ndarray:
+        """An input that must be known at import time (a shape, axes, a pad amount)."""
+        if name not in self.known:
+            raise UnsupportedOperatorError(f"ONNX {node.op_type} node {node.name!r}: its {what} ({name!r}) is "
+                                           f"computed at run time; ansor needs it static")
+        return self.known[name]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.known[name].shape) if name in self.known else self.graph.type_of(self.value(name)).shape
+
+    def dtype(self, name: str) -> str:
+        return str(self.known[name].dtype) if name in self.known else self.graph.type_of(self.value(name)).dtype
+
+    def emit(self, node: Any, op: str, inputs: list[str], out: int = 0, **attrs: Any) -> str:
+        name = self.graph.add_node(op, inputs, attrs, source=f"ONNX {node.op_type} {node.name!r}")
+        if out is not None:
+            self.values[node.output[out]] = name
+        return name
+
+    def scalar(self, value: float, dtype: str) -> str:
+        return self.graph.add_constant(np.array(value, dtype=dtype))
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name) or "input"
+
+
+def _attr(node: Any, name: str, default: Any) -> Any:
+    from onnx import helper
+
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def _text(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+# ---------------------------------------------------------------------------- elementwise
+_UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
+          "Neg": "neg", "Abs": "abs", "Erf": "erf", "HardSwish": "hardswish"}
+_BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Max": "maximum",
+           "Min": "minimum", "Equal": "eq", "Less": "lt", "LessOrEqual": "le", "Greater": "gt",
+           "GreaterOrEqual": "ge", "And": "logical_and", "Or": "logical_or"}
+
+
+@_handles(*_UNARY)
+def _unary(imp: _OnnxImporter, node: Any) -> None:
+    imp.emit(node, _UNARY[node.op_type], [imp.value(node.input[0])])
+
+
+@_handles(*_BINARY)
+def _binary(imp: _OnnxImporter, node: Any) -> None:
+    if node.op_type in ("Max", "Min") and len(node.input) != 2:
+        imp._unsupported(node, f"{len(node.input)}-input")
+    a, b = node.input
+    dtype = imp.dtype(a) if a in imp.values or a not in imp.known else imp.dtype(b)
+    operands = []
+    for name in (a, b):  # a known operand (a scalar) takes the other's dtype, as in ONNX
+        operands.append(imp.graph.add_constant(imp.known[name].astype(dtype)) if name in imp.known
+                        and name not in imp.values else imp.value(name))
+    imp.emit(node, _BINARY[node.op_type], operands)
+
+
+@_handles("Not")
+def _not(imp: _OnnxImporter, node: Any) -> None:
+    imp.emit(node, "logical_not", [imp.value(node.input[0])])
+
+
+@_handles("Reciprocal")
+def _reciprocal(imp: _OnnxImporter, node: Any) -> None:
+    x = imp.value(node.input[0])
+    imp.emit(node, "div", [imp.scalar(1.0, imp.dtype(node.input[0])), x])
+
+
+@_handles("Identity", "Dropout")
+def _identity(imp: _OnnxImporter, node: Any) -> None:
+    imp.values[node.output[0]] = imp.value(node.input[0])
+
+
+@_handles("Cast")
+def _cast(imp: _OnnxImporter, node: Any) -> None:
+    from onnx import helper
+
+    dtype = str(np.dtype(helper.tensor_dtype_to_np_dtype(_attr(node, "to", 1))))
+    x = imp.value(node.input[0])
+    if imp.graph.type_of(x).dtype == dtype:
+        imp.values[node.output[0]] = x
+    else:
+        imp.emit(node, "cast", [x], dtype=dtype)
+
+
+@_handles("Clip")
+def _clip(imp: _OnnxImporter, node: Any) -> None:
+    bounds = [float(imp.const(n, "bound", node)) if n else None for n in list(node.input[1:3]) + [""] * (3 - len(node.input))]
+    lo = _attr(node, "min", bounds[0]) if imp.opset < 11 else bounds[0]
+    hi = _attr(node, "max", bounds[1]) if imp.opset < 11 else bounds[1]
+    imp.emit(node, "clamp", [imp.value(node.input[0])], min=lo, max=hi)
+
+
+@_handles("HardSigmoid")
+def _hardsigmoid(imp: _OnnxImporter, node: Any) -> None:
+    alpha, beta = _attr(node, "alpha", 0.2), _attr(node, "beta", 0.5)
+    x = imp.value(node.input[0])
+    if abs(alpha - 1 / 6) < 1e-6 and abs(beta - 0.5) < 1e-6:
+        imp.emit(node, "hardsigmoid", [x])
+        return
+    dtype = imp.dtype(node.input[0])
+    scaled = imp.graph.add_node("mul", [x, imp.scalar(alpha, dtype)])
+    shifted = imp.graph.add_node("add", [scaled, imp.scalar(beta, dtype)])
+    imp.emit(node, "clamp", [shifted], min=0.0, max=1.0)
+
+
+@_handles("Gelu")
+def _gelu(imp: _OnnxImporter, node: Any) -> None:
+    imp.emit(node, "gelu", [imp.value(node.input[0])], approximate=_text(_attr(node, "approximate", "none")))
+
+
+@_handles("Where")
+def _where(imp: _OnnxImporter, node: Any) -> None:
+    cond, a, b = node.input
+    dtype = imp.dtype(a) if a not in imp.known else imp.dtype(b)
+    operands = [imp.value(cond)] + [imp.graph.add_constant(imp.known[n].astype(dtype)) if n in imp.known
+                                    and n not in imp.values else imp.value(n) for n in (a, b)]
+    imp.emit(node, "where", operands)
+
+
+# ---------------------------------------------------------------------------- dense
+@_handles("Conv")
+def _conv(imp: _OnnxImporter, node: Any) -> None:
+    if _text(_attr(node, "auto_pad", "NOTSET")) != "NOTSET":
+        imp._unsupported(node, "auto_pad of")
+    w_shape = imp.shape(node.input[1])
+    if len(w_shape) != 4:
+        imp._unsupported(node, f"{len(w_shape) - 2}-d")
+    pads = list(_attr(node, "pads", [0, 0, 0, 0]))
+    x = imp.value(node.input[0])
+    if pads[0] != pads[2] or pads[1] != pads[3]:  # asymmetric: pad first, then convolve
+        x = imp.graph.add_node("pad", [x], {"pads": ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3]))})
+        pads = [0, 0, 0, 0]
+    inputs = [x, imp.value(node.input[1])] + ([imp.value(node.input[2])] if len(node.input) > 2 and node.input[2] else [])
+    imp.emit(node, "conv2d", inputs, stride=tuple(_attr(node, "strides", [1, 1])), padding=(pads[0], pads[1]),
+             dilation=tuple(_attr(node, "dilations", [1, 1])), groups=int(_attr(node, "group", 1)))
+
+
+@_handles("MatMul")
+def _matmul(imp: _OnnxImporter, node: Any) -> None:
+    imp.emit(node, "matmul", [imp.value(node.input[0]), imp.value(node.input[1])])
+
+
+@_handles("Gemm")
+def _gemm(imp: _OnnxImporter, node: Any) -> None:
+    a, b = node.input[0], node.input[1]
+    alpha, beta = float(_attr(node, "alpha", 1.0)), float(_attr(node, "beta", 1.0))
+    x = imp.value(a)
+    if _attr(node, "transA", 0):
+        x = imp.graph.add_node("permute", [x], {"axes": (1, 0)})
+    has_c = len(node.input) > 2 and node.input[2]
+    if _attr(node, "transB", 0) and alpha == 1.0 and beta == 1.0:  # x @ W^T + c: a linear layer
+        inputs = [x, imp.value(b)] + ([imp.value(node.input[2])] if has_c else [])
+        imp.emit(node, "linear", inputs)
+        return
+    w = imp.value(b)
+    if _attr(node, "transB", 0):
+        w = imp.graph.add_node("permute", [w], {"axes": (1, 0)})
+    out = imp.graph.add_node("matmul", [x, w])
+    dtype = imp.graph.type_of(out).dtype
+    if alpha != 1.0:
+        out = imp.graph.add_node("mul", [out, imp.scalar(alpha, dtype)])
+    if has_c:
+        c = imp.value(node.input[2])
+        if beta != 1.0:
+            c = imp.graph.add_node("mul", [c, imp.scalar(beta, dtype)])
+        out = imp.graph.add_node("add", [out, c])
+    imp.values[node.output[0]] = out
+
+
+@_handles("Gather")
+def _gather(imp: _OnnxImporter, node: Any) -> None:
+    data, indices = node.input
+    axis = int(_attr(node, "axis", 0))
+    if data in imp.known and indices not in imp.known and axis == 0 and imp.known[data].ndim == 2:
+        imp.emit(node, "embedding", [imp.value(data), imp.value(indices)])
+        return
+    if indices in imp.known and imp.known[indices].ndim == 0:  # x[..., i, ...]: a slice, axis dropped
+        shape = imp.shape(data)
+        axis %= len(shape)
+        i = int(imp.known[indices]) % shape[axis]
+        part = imp.graph.add_node("slice", [imp.value(data)], {"axis": axis, "start": i, "end": i + 1, "step": 1})
+        imp.emit(node, "reshape", [part], shape=shape[:axis] + shape[axis + 1:])
+        return
+    imp._unsupported(node, "form of")
+
+
+# ---------------------------------------------------------------------------- normalization
+@_handles("BatchNormalization")
+def _batch_norm(imp: _OnnxImporter, node: Any) -> None:
+    x, scale, bias, mean, var = node.input[:5]
+    imp.emit(node, "batch_norm", [imp.value(x), imp.value(mean), imp.value(var), imp.value(scale), imp.value(bias)],
+             eps=float(_attr(node, "epsilon", 1e-5)))
+
+
+@_handles("LayerNormalization")
+def _layer_norm(imp: _OnnxImporter, node: Any) -> None:
+    rank = len(imp.shape(node.input[0]))
+    axis = int(_attr(node, "axis", -1)) % rank
+    inputs = [imp.value(n) for n in node.input if n]
+    imp.emit(node, "layer_norm", inputs, normalized_ndim=rank - axis, eps=float(_attr(node, "epsilon", 1e-5)))
+
+
+@_handles("Softmax", "LogSoftmax")
+def _softmax(imp: _OnnxImporter, node: Any) -> None:
+    rank = len(imp.shape(node.input[0]))
+    axis = int(_attr(node, "axis", -1 if imp.opset >= 13 else 1)) % rank
+    if imp.opset < 13 and axis != rank - 1:
+        imp._unsupported(node, "pre-13 softmax over flattened axes of")
+    imp.emit(node, "softmax" if node.op_type == "Softmax" else "log_softmax", [imp.value(node.input[0])], axis=axis)
+
+
+@_handles("ReduceMean", "ReduceSum", "ReduceMax")
+def _reduce(imp: _OnnxImporter, node: Any) -> None:
+    rank = len(imp.shape(node.input[0]))
+    if len(node.input) > 1 and node.input[1]:
+        axes = [int(a) for a in imp.const(node.input[1], "axes", node)]
+    else:
+        axes = list(_attr(node, "axes", []))
+    if not axes:
+        if _attr(node, "noop_with_empty_axes", 0):
+            imp.values[node.output[0]] = imp.value(node.input[0])
+            return
+        axes = list(range(rank))
+    op = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max"}[node.op_type]
+    imp.emit(node, op, [imp.value(node.input[0])], axes=tuple(sorted(a % rank for a in axes)),
+             keepdims=bool(_attr(node, "keepdims", 1)))
+
+
+# ---------------------------------------------------------------------------- pooling
+def _pool_attrs(node: Any) -> dict[str, Any]:
+    if _text(_attr(node, "auto_pad", "NOTSET")) != "NOTSET":
+        raise UnsupportedOperatorError(f"ONNX {node.op_type} node {node.name!r}: auto_pad is not supported")
+    pads = list(_attr(node, "pads", [0, 0, 0, 0]))
+    if pads[0] != pads[2] or pads[1] != pads[3]:
+        raise UnsupportedOperatorError(f"ONNX {node.op_type} node {node.name!r}: asymmetric pads {pads}")
+    kernel = tuple(_attr(node, "kernel_shape", [1, 1]))
+    return {"kernel": kernel, "stride": tuple(_attr(node, "strides", [1, 1])), "padding": (pads[0], pads[1]),
+            "ceil_mode": bool(_attr(node, "ceil_mode", 0))}
+
+
+@_handles("MaxPool")
+def _max_pool(imp: _OnnxImporter, node: Any) -> None:
+    imp.emit(node, "max_pool2d", [imp.value(node.input[0])], dilation=tuple(_attr(node, "dilations", [1, 1])),
+             **_pool_attrs(node))
+
+
+@_handles("AveragePool")
+def _avg_pool(imp: _OnnxImporter, node: Any) -> None:
+    imp.emit(node, "avg_pool2d", [imp.value(node.input[0])],
+             count_include_pad=bool(_attr(node, "count_include_pad", 0)), **_pool_attrs(node))
+
+
+@_handles("GlobalAveragePool")
+def _global_avg_pool(imp: _OnnxImporter, node: Any) -> None:
+    imp.emit(node, "adaptive_avg_pool2d", [imp.value(node.input[0])], output_size=(1, 1))
+
+
+# ---------------------------------------------------------------------------- layout
+@_handles("Reshape")
+def _reshape(imp: _OnnxImporter, node: Any) -> None:
+    shape = imp.shape(node.input[0])
+    target = [int(d) for d in imp.const(node.input[1], "shape", node)]
+    if not _attr(node, "allowzero", 0):
+        target = [shape[i] if d == 0 else d for i, d in enumerate(target)]
+    if -1 in target:
+        known = int(np.prod([d for d in target if d != -1]))
+        target[target.index(-1)] = int(np.prod(shape)) // max(known, 1)
+    imp.emit(node, "reshape", [imp.value(node.input[0])], shape=tuple(target))
+
+
+@_handles("Flatten")
+def _flatten(imp: _OnnxImporter, node: Any) -> None:
+    shape = imp.shape(node.input[0])
+    axis = int(_attr(node, "axis", 1)) % (len(shape) + 1)
+    imp.emit(node, "reshape", [imp.value(node.input[0])],
+             shape=(int(np.prod(shape[:axis])), int(np.prod(shape[axis:]))))
+
+
+@_handles("Squeeze", "Unsqueeze")
+def _squeeze(imp: _OnnxImporter, node: Any) -> None:
+    shape = list(imp.shape(node.input[0]))
+    if len(node.input) > 1 and node.input[1]:
+        axes = [int(a) for a in imp.const(node.input[1], "axes", node)]
+    else:
+        axes = list(_attr(node, "axes", []))
+    if node.op_type == "Squeeze":
+        axes = [a % len(shape) for a in axes] or [i for i, d in enumerate(shape) if d == 1]
+        target = [d for i, d in enumerate(shape) if i not in axes]
+    else:
+        rank = len(shape) + len(axes)
+        target = shape
+        for a in sorted(a % rank for a in axes):
+            target.insert(a, 1)
+    imp.emit(node, "reshape", [imp.value(node.input[0])], shape=tuple(target))
+
+
+@_handles("Transpose")
+def _transpose(imp: _OnnxImporter, node: Any) -> None:
+    rank = len(imp.shape(node.input[0]))
+    perm = _attr(node, "perm", list(reversed(range(rank))))
+    imp.emit(node, "permute", [imp.value(node.input[0])], axes=tuple(int(p) for p in perm))
+
+
+@_handles("Concat")
+def _concat(imp: _OnnxImporter, node: Any) -> None:
+    rank = len(imp.shape(node.input[0]))
+    imp.emit(node, "concat", [imp.value(n) for n in node.input], axis=int(_attr(node, "axis", 0)) % rank)
+
+
+@_handles("Slice")
+def _slice(imp: _OnnxImporter, node: Any) -> None:
+    shape = imp.shape(node.input[0])
+    starts = imp.const(node.input[1], "starts", node)
+    ends = imp.const(node.input[2], "ends", node)
+    axes = imp.const(node.input[3], "axes", node) if len(node.input) > 3 and node.input[3] else range(len(starts))
+    steps = imp.const(node.input[4], "steps", node) if len(node.input) > 4 and node.input[4] else [1] * len(starts)
+    x = imp.value(node.input[0])
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        axis = int(axis) % len(shape)
+        begin, stop, stride = slice(int(start), int(end), int(step)).indices(shape[axis])
+        if (begin, stop, stride) != (0, shape[axis], 1):
+            x = imp.graph.add_node("slice", [x], {"axis": axis, "start": begin, "end": stop, "step": stride})
+    imp.values[node.output[0]] = x
+
+
+@_handles("Expand")
+def _expand(imp: _OnnxImporter, node: Any) -> None:
+    shape = imp.shape(node.input[0])
+    target = tuple(int(d) for d in imp.const(node.input[1], "shape", node))
+    out = tuple(np.broadcast_shapes(shape, target))
+    x = imp.value(node.input[0])
+    if out == shape:
+        imp.values[node.output[0]] = x
+    else:
+        imp.emit(node, "expand", [x], shape=out)
+
+
+@_handles("Pad")
+def _pad(imp: _OnnxImporter, node: Any) -> None:
+    if _text(_attr(node, "mode", "constant")) != "constant":
+        imp._unsupported(node, "non-constant mode of")
+    rank = len(imp.shape(node.input[0]))
+    pads = [int(p) for p in (imp.const(node.input[1], "pads", node) if imp.opset >= 11 else _attr(node, "pads", []))]
+    value = 0.0
+    if len(node.input) > 2 and node.input[2]:
+        value = float(imp.const(node.input[2], "pad value", node))
+    if len(node.input) > 3 and node.input[3]:
+        imp._unsupported(node, "axes input of")
+    pairs = tuple((pads[i], pads[i + rank]) for i in range(rank))
+    imp.emit(node, "pad", [imp.value(node.input[0])], pads=pairs, value=value)

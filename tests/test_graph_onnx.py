@@ -1,0 +1,124 @@
+"""ONNX import: models exported by PyTorch, imported with `from_onnx`, run by the numpy reference
+executor and compared with PyTorch eager (max error relative to the output's RMS)."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxscript")  # the torch.export-based exporter
+from torch import nn  # noqa: E402
+
+from ansor.graph.from_onnx import from_onnx  # noqa: E402
+from ansor.graph.from_torch import UnsupportedOperatorError  # noqa: E402
+from ansor.graph.reference import run_graph  # noqa: E402
+
+
+def export(module: nn.Module, *inputs: torch.Tensor, dynamo: bool = True) -> "onnx.ModelProto":
+    module = module.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if dynamo:
+            return torch.onnx.export(module, inputs, dynamo=True, verbose=False).model_proto
+        buffer = io.BytesIO()
+        torch.onnx.export(module, inputs, buffer, dynamo=False)
+        return onnx.load_from_string(buffer.getvalue())
+
+
+def check(module: nn.Module, *inputs: torch.Tensor, dynamo: bool = True, tol: float = 1e-3):
+    graph = from_onnx(export(module, *inputs, dynamo=dynamo))
+    with torch.no_grad():
+        want = module.eval()(*inputs)
+    got = run_graph(graph, [x.numpy() for x in inputs])
+    want = want.numpy().astype(np.float64)
+    rms = float(np.sqrt(np.mean(np.square(want)))) or 1.0
+    err = float(np.max(np.abs(got[0].astype(np.float64) - want))) / rms
+    assert got[0].shape == want.shape and err < tol, (err, got[0].shape, want.shape)
+    return graph
+
+
+class Net(nn.Module):
+    """Convolutions (strided, grouped, asymmetric-free), batch norm, pooling and a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.BatchNorm2d(16), nn.ReLU6(),
+            nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.Hardswish(),
+            nn.MaxPool2d(2), nn.Conv2d(16, 8, 1), nn.Sigmoid(), nn.AvgPool2d(2),
+        )
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x):
+        y = self.body(x)
+        return torch.softmax(self.head(y.mean(dim=(2, 3))), dim=-1)
+
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["torch.export exporter", "TorchScript exporter"])
+def test_a_small_convolutional_network(dynamo):
+    torch.manual_seed(0)
+    g = check(Net(), torch.randn(2, 3, 32, 32), dynamo=dynamo)
+    assert sum(n.op == "conv2d" for n in g.nodes) == 3
+
+
+class Block(nn.Module):
+    """Attention-like arithmetic: reshapes, transposes, batched matmul, layer norm, GELU."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(32, 96)
+        self.norm = nn.LayerNorm(32)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).reshape(b, s, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        att = torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5, dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(b, s, 32)
+        return nn.functional.gelu(self.norm(x + y))
+
+
+def test_attention_arithmetic():
+    torch.manual_seed(0)
+    g = check(Block(), torch.randn(2, 10, 32))
+    assert {"matmul", "softmax", "layer_norm"} <= {n.op for n in g.nodes}
+
+
+transformers = pytest.importorskip("transformers")
+
+
+class Hidden(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *xs):
+        return self.model(*xs).last_hidden_state
+
+
+def test_resnet18_through_onnx():
+    torch.manual_seed(0)
+    config = transformers.ResNetConfig(depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512],
+                                       layer_type="basic", embedding_size=64)
+    g = check(Hidden(transformers.ResNetModel(config)), torch.randn(1, 3, 64, 64))
+    assert sum(n.op == "conv2d" for n in g.nodes) == 20
+
+
+def test_mobilenet_v2_through_onnx():
+    torch.manual_seed(0)
+    model = transformers.MobileNetV2Model(transformers.MobileNetV2Config(image_size=64))
+    g = check(Hidden(model), torch.randn(1, 3, 64, 64))
+    assert any(n.op == "conv2d" and n.attrs["groups"] > 1 for n in g.nodes)
+
+
+def test_an_operator_outside_the_set_is_named():
+    class Cumulative(nn.Module):
+        def forward(self, x):
+            return torch.cumsum(x, dim=1)
+
+    with pytest.raises(UnsupportedOperatorError, match="CumSum"):
+        from_onnx(export(Cumulative(), torch.randn(2, 5)))
