@@ -1,0 +1,146 @@
+"""Inference rewrites of a model graph, run before it is cut into tasks.
+
+An imported network still carries training-time structure that would cost a kernel each: batch
+norms after convolutions, arithmetic on constants (transposed weights, scaled masks), and ops
+that do nothing at these shapes (a reshape to the same shape, a cast to the same dtype). Each
+pass removes one of these while computing the same function, so the tasks the tuner sees are the
+ones that run: a convolution with its batch norm folded into its weights is one conv task with
+a bias, not a conv task and an elementwise task.
+
+Every pass takes a graph and returns a new validated graph; the input graph is left unchanged
+(constant arrays are shared, never written). Constants are computed with the reference
+executor, so a folded value is exactly what the unfolded graph would compute in numpy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ansor.graph.ir import Graph, Node
+from ansor.graph.reference import run_node
+
+#: A folded constant larger than this is left to run as a node: folding an `expand` of a
+#: scalar into a big array trades a cheap kernel for memory held for the model's lifetime.
+MAX_FOLDED_ELEMENTS = 1 << 22
+
+
+def fold_batch_norm(graph: Graph) -> Graph:
+    """Fold each inference `batch_norm` into the `conv2d` that produces its input.
+
+    batch_norm(conv(x, w, b)) = conv(x, w * s, (b - mean) * s + beta) with
+    s = gamma / sqrt(var + eps) per output channel. It applies only where the conv output has
+    no other reader (and is no graph output), since the unnormalized value would be lost, and
+    where the conv weight, bias and the statistics are constants."""
+    g = graph.copy()
+    producers = g.producers()
+    consumers = g.consumers()
+    outputs = set(g.outputs)
+    removed: set[str] = set()
+    for bn in list(g.nodes):
+        if bn.op != "batch_norm":
+            continue
+        x, mean, var, gamma, beta = bn.inputs
+        conv = producers.get(x)
+        if (conv is None or conv.op != "conv2d" or x in outputs or len(consumers.get(x, [])) != 1
+                or not all(g.is_constant(c) for c in (mean, var, gamma, beta))
+                or not all(g.is_constant(c) for c in conv.inputs[1:])):
+            continue
+        w = g.constants[conv.inputs[1]]
+        dtype = w.dtype
+        scale = (g.constants[gamma].astype(np.float64)
+                 / np.sqrt(g.constants[var].astype(np.float64) + bn.attrs["eps"]))
+        bias = (g.constants[conv.inputs[2]].astype(np.float64) if len(conv.inputs) == 3
+                else np.zeros(w.shape[0]))
+        new_w = (w.astype(np.float64) * scale[:, None, None, None]).astype(dtype)
+        new_b = ((bias - g.constants[mean].astype(np.float64)) * scale
+                 + g.constants[beta].astype(np.float64)).astype(dtype)
+        conv.inputs = [conv.inputs[0], g.add_constant(new_w, g.fresh_name("w")),
+                       g.add_constant(new_b, g.fresh_name("w"))]
+        g.replace_uses(bn.output, conv.output)
+        removed.add(bn.output)
+    return _finish(g, removed)
+
+
+def fold_constants(graph: Graph, max_elements: int = MAX_FOLDED_ELEMENTS) -> Graph:
+    """Replace every node whose inputs are all constants by the constant it computes.
+
+    Nodes are visited in order, so a chain of constant arithmetic folds completely (a folded
+    node's output is a constant for the nodes after it)."""
+    g = graph.copy()
+    removed: set[str] = set()
+    for node in list(g.nodes):
+        if not node.inputs or not all(g.is_constant(i) for i in node.inputs):
+            continue
+        out_type = g.types[node.output]
+        if int(np.prod(out_type.shape)) > max_elements:
+            continue
+        value = run_node(g, node, [g.constants[i] for i in node.inputs])
+        name = g.add_constant(value, g.fresh_name("w"))
+        g.replace_uses(node.output, name)
+        removed.add(node.output)
+    return _finish(g, removed)
+
+
+def _is_identity(g: Graph, node: Node) -> str | None:
+    """The input `node` passes through unchanged, or None when it changes something."""
+    out = g.types[node.output]
+    first = node.inputs[0]
+    same = g.type_of(first) == out
+    a = node.attrs
+    if node.op in ("reshape", "expand", "cast") and same:
+        return first
+    if node.op == "permute" and tuple(a["axes"]) == tuple(range(len(out.shape))):
+        return first
+    if node.op == "slice" and same and a["step"] == 1:
+        return first
+    if node.op == "pad" and all(lo == 0 and hi == 0 for lo, hi in a["pads"]):
+        return first
+    if node.op == "concat" and len(node.inputs) == 1:
+        return first
+    if node.op == "clamp" and a["min"] is None and a["max"] is None:
+        return first
+    if node.op in ("add", "sub", "mul", "div") and len(node.inputs) == 2:
+        # x + 0, x - 0, x * 1, x / 1 with a constant that does not broadcast x to a bigger shape
+        neutral = 1 if node.op in ("mul", "div") else 0
+        x, c = node.inputs
+        if g.is_constant(c) and g.type_of(x) == out and np.all(g.constants[c] == neutral):
+            return x
+        if (node.op in ("add", "mul") and g.is_constant(x) and g.type_of(c) == out
+                and np.all(g.constants[x] == neutral)):
+            return c
+    return None
+
+
+def remove_identities(graph: Graph) -> Graph:
+    """Drop ops that return their input unchanged: reshape/expand/cast to the input's own type,
+    the identity permutation, a full unit-step slice, zero padding, a one-input concat, an
+    unbounded clamp, and adding (multiplying by) a constant zero (one) that does not broadcast."""
+    g = graph.copy()
+    removed: set[str] = set()
+    for node in list(g.nodes):
+        source = _is_identity(g, node)
+        if source is None or g.type_of(source) != g.types[node.output]:
+            continue
+        g.replace_uses(node.output, source)
+        removed.add(node.output)
+    return _finish(g, removed)
+
+
+def simplify(graph: Graph) -> Graph:
+    """All the inference rewrites in an order where each enables the next: constants first (a
+    folded weight transpose makes a conv's weight constant), then batch norms, then identities,
+    then constants again (a removed identity can leave constant-only nodes)."""
+    g = fold_constants(graph)
+    g = fold_batch_norm(g)
+    g = remove_identities(g)
+    return fold_constants(g)
+
+
+def _finish(g: Graph, removed: set[str]) -> Graph:
+    """Drop the replaced nodes and whatever became unused, and check the result."""
+    g.nodes = [n for n in g.nodes if n.output not in removed]
+    for name in removed:
+        g.types.pop(name, None)
+    g.remove_dead()
+    g.validate()
+    return g
