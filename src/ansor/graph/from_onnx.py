@@ -51,7 +51,8 @@ class _OnnxImporter:
 
         self.model = model
         self.graph = Graph()
-        self.known: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+        self.known: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t)
+                                             for t in model.graph.initializer}
         self.values: dict[str, str] = {}    # ONNX value name -> graph value or constant name
         self.opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=13)
 
@@ -65,9 +66,11 @@ class _OnnxImporter:
             t = vi.type.tensor_type
             shape = [d.dim_value for d in t.shape.dim]
             if any(d.dim_value <= 0 for d in t.shape.dim):
-                raise ValueError(f"input {vi.name!r} has a dynamic shape {[d.dim_param or d.dim_value for d in t.shape.dim]}; "
-                                 f"ansor compiles for static shapes: export with fixed sizes")
-            self.values[vi.name] = self.graph.add_input(_safe(vi.name), shape, helper.tensor_dtype_to_np_dtype(t.elem_type))
+                dims = [d.dim_param or d.dim_value for d in t.shape.dim]
+                raise ValueError(f"input {vi.name!r} has a dynamic shape {dims}; ansor compiles for "
+                                 f"static shapes: export with fixed sizes")
+            dtype = helper.tensor_dtype_to_np_dtype(t.elem_type)
+            self.values[vi.name] = self.graph.add_input(_safe(vi.name), shape, dtype)
         for node in self.model.graph.node:
             if node.domain not in ("", "ai.onnx"):
                 self._unsupported(node, f"operator domain {node.domain!r}")
@@ -82,7 +85,8 @@ class _OnnxImporter:
         for out in self.model.graph.output:
             if out.name in self.known:
                 name = self.graph.add_constant(self.known[out.name])
-                self.values[out.name] = self.graph.add_node("reshape", [name], {"shape": self.known[out.name].shape})
+                shape = self.known[out.name].shape
+                self.values[out.name] = self.graph.add_node("reshape", [name], {"shape": shape})
             self.graph.outputs.append(self.values[out.name])
         self.graph.validate()
         return self.graph
@@ -97,9 +101,9 @@ class _OnnxImporter:
         from onnx.reference import ReferenceEvaluator
 
         inputs = [i for i in node.input if i]
-        graph = helper.make_graph([node], "fold",
-                                  [helper.make_tensor_value_info(i, helper.np_dtype_to_tensor_dtype(self.known[i].dtype),
-                                                                 self.known[i].shape) for i in inputs],
+        declared = [helper.make_tensor_value_info(i, helper.np_dtype_to_tensor_dtype(self.known[i].dtype),
+                                                  self.known[i].shape) for i in inputs]
+        graph = helper.make_graph([node], "fold", declared,
                                   [helper.make_empty_tensor_value_info(o) for o in node.output if o])
         model = helper.make_model(graph, opset_imports=list(self.model.opset_import))
         results = ReferenceEvaluator(model).run(None, {i: self.known[i] for i in inputs})
@@ -124,15 +128,19 @@ class _OnnxImporter:
     def const(self, name: str, what: str, node: Any) -> np.ndarray:
         """An input that must be known at import time (a shape, axes, a pad amount)."""
         if name not in self.known:
-            raise UnsupportedOperatorError(f"ONNX {node.op_type} node {node.name!r}: its {what} ({name!r}) is "
-                                           f"computed at run time; ansor needs it static")
+            raise UnsupportedOperatorError(f"ONNX {node.op_type} node {node.name!r}: its {what} "
+                                           f"({name!r}) is computed at run time; ansor needs it static")
         return self.known[name]
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self.known[name].shape) if name in self.known else self.graph.type_of(self.value(name)).shape
+        if name in self.known:
+            return tuple(self.known[name].shape)
+        return self.graph.type_of(self.value(name)).shape
 
     def dtype(self, name: str) -> str:
-        return str(self.known[name].dtype) if name in self.known else self.graph.type_of(self.value(name)).dtype
+        if name in self.known:
+            return str(self.known[name].dtype)
+        return self.graph.type_of(self.value(name)).dtype
 
     def emit(self, node: Any, op: str, inputs: list[str], out: int = 0, **attrs: Any) -> str:
         name = self.graph.add_node(op, inputs, attrs, source=f"ONNX {node.op_type} {node.name!r}")
@@ -217,7 +225,8 @@ def _cast(imp: _OnnxImporter, node: Any) -> None:
 
 @_handles("Clip")
 def _clip(imp: _OnnxImporter, node: Any) -> None:
-    bounds = [float(imp.const(n, "bound", node)) if n else None for n in list(node.input[1:3]) + [""] * (3 - len(node.input))]
+    names = (list(node.input[1:3]) + ["", ""])[:2]
+    bounds = [float(imp.const(n, "bound", node)) if n else None for n in names]
     lo = _attr(node, "min", bounds[0]) if imp.opset < 11 else bounds[0]
     hi = _attr(node, "max", bounds[1]) if imp.opset < 11 else bounds[1]
     imp.emit(node, "clamp", [imp.value(node.input[0])], min=lo, max=hi)
@@ -263,7 +272,8 @@ def _conv(imp: _OnnxImporter, node: Any) -> None:
     if pads[0] != pads[2] or pads[1] != pads[3]:  # asymmetric: pad first, then convolve
         x = imp.graph.add_node("pad", [x], {"pads": ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3]))})
         pads = [0, 0, 0, 0]
-    inputs = [x, imp.value(node.input[1])] + ([imp.value(node.input[2])] if len(node.input) > 2 and node.input[2] else [])
+    bias = [imp.value(node.input[2])] if len(node.input) > 2 and node.input[2] else []
+    inputs = [x, imp.value(node.input[1]), *bias]
     imp.emit(node, "conv2d", inputs, stride=tuple(_attr(node, "strides", [1, 1])), padding=(pads[0], pads[1]),
              dilation=tuple(_attr(node, "dilations", [1, 1])), groups=int(_attr(node, "group", 1)))
 
