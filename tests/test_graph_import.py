@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 F = torch.nn.functional
 
-from ansor.graph.from_torch import UnsupportedOperatorError, from_torch  # noqa: E402
+from ansor.graph.torch_importer import UnsupportedOperatorError, from_torch  # noqa: E402
 from ansor.graph.reference import run_graph  # noqa: E402
 
 TOLERANCE = 1e-3

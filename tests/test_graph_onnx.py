@@ -14,8 +14,8 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxscript")  # the torch.export-based exporter
 from torch import nn  # noqa: E402
 
-from ansor.graph.from_onnx import from_onnx  # noqa: E402
-from ansor.graph.from_torch import UnsupportedOperatorError  # noqa: E402
+from ansor.graph.onnx_importer import from_onnx  # noqa: E402
+from ansor.graph.torch_importer import UnsupportedOperatorError  # noqa: E402
 from ansor.graph.reference import run_graph  # noqa: E402
 
 

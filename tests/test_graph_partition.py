@@ -156,7 +156,7 @@ class Hidden(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def resnet18():
-    from ansor.graph.from_torch import from_torch
+    from ansor.graph.torch_importer import from_torch
 
     torch.manual_seed(0)
     config = transformers.ResNetConfig(depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512],
@@ -173,7 +173,7 @@ def resnet18():
 
 @pytest.fixture(scope="module")
 def bert_layer():
-    from ansor.graph.from_torch import from_torch
+    from ansor.graph.torch_importer import from_torch
 
     torch.manual_seed(0)
     config = transformers.BertConfig(num_hidden_layers=1, hidden_size=256, num_attention_heads=4,

@@ -1,7 +1,8 @@
 """ansor: an auto-scheduler for tensor programs, after the Ansor paper (OSDI 2020).
 
 Declare a computation with `ansor.te`, wrap it in a `Task`, `tune` it, and `build` the best
-program found as a callable `Kernel`.
+program found as a callable `Kernel`; or import a model (`ansor.graph.from_torch`, `from_onnx`),
+`tune` its fused subgraphs together and `build` it as a callable `CompiledModel`.
 
 The names below are imported on first use, so that `import ansor.cli` (the command line) starts
 quickly and a Ctrl-C during start-up finds the command's own handler already in place.
@@ -22,13 +23,14 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Record": ("ansor.database", "Record"),
     "default_database_path": ("ansor.database", "default_database_path"),
     "Kernel": ("ansor.kernel", "Kernel"),
-    "build": ("ansor.kernel", "build"),
+    "build": ("ansor.api", "build"),
     "ScheduleError": ("ansor.schedule", "ScheduleError"),
     "State": ("ansor.schedule", "State"),
     "Target": ("ansor.target", "Target"),
     "Task": ("ansor.task", "Task"),
     "TuneResult": ("ansor.tuner", "TuneResult"),
-    "tune": ("ansor.tuner", "tune"),
+    "tune": ("ansor.api", "tune"),
+    "graph": ("ansor.graph", None),
 }
 
 __all__ = [*_EXPORTS, "__version__"]

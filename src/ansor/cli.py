@@ -19,6 +19,8 @@ examples:
   ansor workloads                     list the named workloads and their --shape
   ansor show                          best record per workload in the database
   ansor show --schedule               ... with the best program's loop nest
+  ansor tune-model resnet18.onnx --trials 2000    tune a whole model's fused subgraphs together
+  ansor run-model resnet18.onnx       run it with the tuned kernels, check it, time it
 """
 
 
@@ -89,6 +91,34 @@ def build_parser() -> argparse.ArgumentParser:
                            "or whose key starts with it (default: all)")
     show.add_argument("--schedule", action="store_true",
                       help="also print each best program's loop nest (default: off)")
+
+    tm = sub.add_parser("tune-model", help="tune the fused subgraphs of an ONNX model together",
+                        description="Import an ONNX model, cut it into fused subgraphs and tune their distinct "
+                                    "tasks under the task scheduler with one cost model. A rerun with the same "
+                                    "database resumes: records already there count against --trials.")
+    tm.add_argument("model", help="an .onnx file with static input shapes")
+    tm.add_argument("--trials", type=int, default=1000,
+                    help="programs to measure for the whole model, records already in the database "
+                         "included (default 1000)")
+    tm.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                    help="stop searching after this many seconds (default: no limit)")
+    tm.add_argument("--scheduler", default="gradient", choices=["gradient", "round-robin"],
+                    help="which task gets the next round (default gradient: where the model's estimated "
+                         "latency drops most)")
+    tm.add_argument("--database", help=DATABASE_HELP)
+    tm.add_argument("--seed", type=int, default=None, help="random seed of the search (default: none)")
+    tm.add_argument("--timeout", type=float, default=10.0, help="seconds before a kernel counts as hung (default 10)")
+    tm.add_argument("--quiet", action="store_true", help="no progress display (default: show it)")
+
+    rm = sub.add_parser("run-model", help="run an ONNX model with its tuned kernels, checked and timed",
+                        description="Build an ONNX model with the best records of the database (untuned "
+                                    "default schedules for the rest), run it on random inputs, check the "
+                                    "output against the numpy reference executor, and time it in turns with "
+                                    "onnxruntime when installed.")
+    rm.add_argument("model", help="an .onnx file with static input shapes")
+    rm.add_argument("--database", help=DATABASE_HELP)
+    rm.add_argument("--rounds", type=int, default=7, help="timing rounds, in turns with onnxruntime (default 7)")
+    rm.add_argument("--profile", action="store_true", help="also print the time of every subgraph (default: off)")
 
     sub.add_parser("workloads", help="list the named workloads and the meaning of --shape")
 
@@ -171,7 +201,8 @@ def _main(argv: list[str] | None) -> int:
     from ansor.schedule.state import ScheduleError
 
     commands = {"tune": cmd_tune, "show": cmd_show, "workloads": cmd_workloads, "sketches": cmd_sketches,
-                "sample": cmd_sample, "costmodel": cmd_costmodel, "export": cmd_export, "import": cmd_import}
+                "sample": cmd_sample, "costmodel": cmd_costmodel, "export": cmd_export, "import": cmd_import,
+                "tune-model": cmd_tune_model, "run-model": cmd_run_model}
     try:
         return commands[args.command](args)
     except (KeyError, ValueError, TypeError, DatabaseError, ScheduleError, FileNotFoundError) as exc:
@@ -331,6 +362,106 @@ def _tune_report(args, task, result, db_path: str) -> int:
     if args.trials and result.best_cost == math.inf:
         console.print("[yellow]no program ran successfully; the kernel above is the untuned default[/]")
     return 0
+
+
+def _load_model(path: str):
+    from ansor.graph import from_onnx
+
+    if not path.endswith(".onnx"):
+        raise ValueError(f"{path}: give an .onnx file (PyTorch models: ansor.graph.from_torch in Python)")
+    if not __import__("os").path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file")
+    return from_onnx(path)
+
+
+def cmd_tune_model(args) -> int:
+    import ansor
+    from ansor.graph.model_tasks import extract_tasks
+    from ansor.graph.tuning import estimated_latency, tune_model
+    from ansor.interrupts import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, terminate_as_interrupt
+    from ansor.report import console, format_seconds
+
+    if args.trials < 0:
+        raise ValueError("--trials must be >= 0")
+    if args.time_budget is not None and args.time_budget <= 0:
+        raise ValueError("--time-budget must be a positive number of seconds")
+    model = extract_tasks(_load_model(args.model))
+    db_path = args.database or str(ansor.default_database_path())
+    console.print(f"[bold]ansor[/] tuning [cyan]{args.model}[/]: {len(model.pieces)} subgraphs, "
+                  f"{len(model.tasks)} distinct tasks, {len(model.fallbacks)} on numpy fallback; "
+                  f"scheduler {args.scheduler}; records: {db_path}")
+    try:
+        with terminate_as_interrupt():
+            results = tune_model(model, trials=args.trials, database=db_path, scheduler=args.scheduler,
+                                 seed=args.seed, timeout=args.timeout, time_budget=args.time_budget,
+                                 progress=not args.quiet)
+    except KeyboardInterrupt as exc:
+        measured = sum(r.trials for r in getattr(exc, "results", None) or [])
+        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        print(f"ansor: {what}; the {measured} programs this run measured are kept in {db_path} "
+              f"(the same command continues from them)", file=sys.stderr)
+        return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
+    total = estimated_latency(model, results)
+    console.print(f"measured {sum(r.trials for r in results)} programs; estimated model latency "
+                  f"{format_seconds(total) if math.isfinite(total) else 'unknown (a task has no program)'}; "
+                  f"`ansor run-model {args.model}` runs it")
+    return 0
+
+
+def cmd_run_model(args) -> int:
+    import numpy as np
+
+    import ansor
+    from ansor.baselines import time_in_turns
+    from ansor.graph.reference import run_graph
+    from ansor.report import comparison_table, console
+
+    graph = _load_model(args.model)
+    db_path = args.database or str(ansor.default_database_path())
+    from ansor.database import Database
+
+    with Database(db_path, create=False) as db:
+        compiled = ansor.build(graph, database=db)
+    console.print(compiled.summary())
+    rng = np.random.default_rng(0)
+    inputs = [_random_input(rng, graph.types[name]) for name in graph.inputs]
+    got = compiled(*inputs)
+    got = list(got) if isinstance(got, tuple) else [got]
+    for k, (g, w) in enumerate(zip(got, run_graph(graph, inputs))):
+        rms = float(np.sqrt(np.mean(np.square(w.astype(np.float64))))) or 1.0
+        err = float(np.max(np.abs(g.astype(np.float64) - w))) / rms if w.size else 0.0
+        if err > 1e-3:
+            console.print(f"[red]output {k} disagrees with the reference executor: max error {err:.2e} of its RMS[/]")
+            return 1
+    fns = {"ansor": lambda: compiled(*inputs)}
+    try:
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = __import__("os").cpu_count() or 1
+        session = onnxruntime.InferenceSession(args.model, options, providers=["CPUExecutionProvider"])
+        feed = {i.name: x for i, x in zip(session.get_inputs(), inputs)}
+        fns["onnxruntime"] = lambda: session.run(None, feed)
+    except ImportError:
+        pass
+    timings = time_in_turns(fns, rounds=args.rounds)
+    rows = [(name, t.median, f"spread {t.spread:.0%}") for name, t in timings.items()]
+    console.print(comparison_table(f"{args.model}, checked against the reference executor; timed in turns "
+                                   f"({args.rounds} rounds, medians)", 0, rows))
+    if args.profile:
+        for name, kind, seconds in compiled.profile(*inputs):
+            console.print(f"{seconds * 1e3:9.3f} ms  {kind:8s} {name}")
+    return 0
+
+
+def _random_input(rng, t):
+    import numpy as np
+
+    if np.dtype(t.dtype).kind in "iu":
+        return rng.integers(0, 2, size=t.shape).astype(t.dtype)  # token ids and masks: small valid values
+    if t.dtype == "bool":
+        return rng.random(t.shape) < 0.5
+    return rng.standard_normal(t.shape).astype(t.dtype)
 
 
 def cmd_show(args) -> int:

@@ -120,6 +120,22 @@ class Kernel:
 
         return call
 
+    def call_on(self, buffers: Sequence[np.ndarray]) -> Callable[[], None]:
+        """A zero-argument call of the kernel on fixed buffers (inputs in the task's order, then
+        outputs), for executors that plan their memory once: the constants are packed now, from
+        the buffers as they are, and the pointers are computed once, so a call costs one
+        foreign-function call. The caller keeps the buffers alive and in place."""
+        if len(buffers) != len(self.task.inputs) + len(self.task.outputs):
+            raise TypeError(f"call_on: kernel {self.task.name!r} takes {len(self.task.inputs)} inputs and "
+                            f"{len(self.task.outputs)} outputs, got {len(buffers)} buffers")
+        for t, a in zip([*self.task.inputs, *self.task.outputs], buffers):
+            if a.dtype != np.dtype(t.dtype) or tuple(a.shape) != tuple(t.shape) or not a.flags.c_contiguous:
+                raise ValueError(f"call_on: buffer {t.name!r} must be a C-contiguous {t.dtype} array "
+                                 f"of shape {tuple(t.shape)}, got {a.dtype} {a.shape}")
+        full = list(buffers) + self._lib.packed_buffers()
+        self._lib.prepack(full)
+        return self._lib.fixed_call(full)
+
     def time(self, *inputs: np.ndarray, timing: TimingPolicy | None = None,
              include_prepack: bool = False) -> float:
         """Median seconds per call (in this process). Constant inputs are packed once, before
@@ -206,16 +222,38 @@ def _entry_name(task: Task) -> str:
     return f"{task.name}_kernel" if task.name else "kernel"
 
 
+def build_many(tasks: Sequence[Task], database: Database | str | None = None,
+               builder: Builder | None = None) -> list[Kernel]:
+    """`build` for several tasks, compiled in parallel: each task's fastest replayable record,
+    else its default schedule (`Kernel.record` is None then)."""
+    db, owned = open_database(database)
+    try:
+        chosen: list[tuple[State, Record | None]] = []
+        for task in tasks:
+            found = next(iter(replay_records(db.best(task.workload_key, task.target.key, k=5), task.dag)), None)
+            chosen.append((found[1], found[0]) if found else (default_schedule(task), None))
+    finally:
+        if owned:
+            db.close()
+    sources = [generate_source(state, task.target, _entry_name(task)) for task, (state, _) in zip(tasks, chosen)]
+    results = {}
+    for key in dict.fromkeys(t.target.key for t in tasks):  # one parallel build per target's compiler
+        picked = [i for i, t in enumerate(tasks) if t.target.key == key]
+        target_builder = builder or backend_for(tasks[picked[0]].target).builder()
+        results.update(zip(picked, target_builder.build([sources[i][0] for i in picked])))
+    kernels = []
+    for i, task in enumerate(tasks):
+        res = results[i]
+        if res.error_no != MeasureErrorNo.NO_ERROR or res.lib_path is None:
+            raise RuntimeError(f"compiling {task.name!r} failed: {res.error_msg}")
+        state, record = chosen[i]
+        kernels.append(Kernel(task, state, sources[i][0], sources[i][1], res.lib_path, record))
+    return kernels
+
+
 def build(task: Task, database: Database | str | None = None, state: State | None = None) -> Kernel:
     """The fastest recorded program of the task on its target, compiled; with no usable record,
     an untuned default schedule."""
     if state is not None:
         return compile_state(task, state)
-    db, owned = open_database(database)
-    try:
-        for rec, st in replay_records(db.best(task.workload_key, task.target.key, k=5), task.dag):
-            return compile_state(task, st, rec)  # the best record this version can replay
-    finally:
-        if owned:
-            db.close()
-    return compile_state(task, default_schedule(task))
+    return build_many([task], database)[0]

@@ -97,10 +97,15 @@ class Subgraph:
 
     @property
     def name(self) -> str:
-        """The anchor op (else the first op) and its output shape, e.g. `conv2d_1x64x16x16`."""
+        """Its ops in order, each once, as an identifier: `conv2d_add_relu` (at most five)."""
+        ops = list(dict.fromkeys(self.ops))
+        return "_".join(ops[:5] + (["etc"] if len(ops) > 5 else []))
+
+    @property
+    def label(self) -> str:
+        """`name` and the output shape of its anchor (else first) op: `conv2d_relu 1x64x56x56`."""
         node = self.anchor_node or self.nodes[0]
-        shape = "x".join(str(d) for d in self.graph.types[node.output].shape) or "scalar"
-        return f"{node.op}_{shape}"
+        return f"{self.name} {'x'.join(str(d) for d in self.graph.types[node.output].shape) or 'scalar'}"
 
     @property
     def key(self) -> str:

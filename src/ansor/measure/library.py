@@ -15,7 +15,7 @@ import _ctypes
 import ctypes
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -88,6 +88,18 @@ class KernelLibrary:
     def __call__(self, buffers: Sequence[np.ndarray]) -> None:
         """Run the kernel once on `buffers` (inputs, outputs, then packed buffers if any)."""
         self._func(*buffer_pointers(buffers))
+
+    def fixed_call(self, buffers: Sequence[np.ndarray]) -> Callable[[], None]:
+        """A zero-argument call on `buffers`, their pointers taken once: the cheapest way to run
+        the kernel again and again on the same memory. The call holds the buffers, so the
+        memory its pointers point into lives as long as it does."""
+        func, pointers, kept = self._func, tuple(buffer_pointers(buffers)), list(buffers)
+
+        def call() -> None:
+            func(*pointers)
+
+        call.buffers = kept  # the memory the pointers point into lives as long as the call
+        return call
 
     def packed_buffers(self) -> list[np.ndarray]:
         """Fresh aligned buffers for the packed parameters (none for most kernels)."""

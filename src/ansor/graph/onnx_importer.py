@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ansor.graph.from_torch import UnsupportedOperatorError
+from ansor.graph.torch_importer import UnsupportedOperatorError
 from ansor.graph.ir import Graph
 
 __all__ = ["from_onnx"]

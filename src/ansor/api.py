@@ -1,0 +1,32 @@
+"""`ansor.tune` and `ansor.build`: one pair of front doors for a Task, a list of Tasks or a model.
+
+A Task (or list) goes to the tuner and the kernel builder; a model graph (`ansor.graph.Graph`)
+to `graph.tuning.tune_model` and `graph.compiled.build_model`, which cut it into tasks first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ansor.graph.compiled import CompiledModel, build_model
+from ansor.graph.ir import Graph
+from ansor.graph.tuning import tune_model
+from ansor.kernel import Kernel
+from ansor.kernel import build as build_kernel
+from ansor.tuner import tune as tune_tasks
+
+
+def tune(what: Any, *args: Any, **kwargs: Any):
+    """Tune a Task, a list of Tasks (see `ansor.tuner.tune`) or a model graph (see
+    `ansor.graph.tuning.tune_model`: the task scheduler over its fused subgraphs)."""
+    if isinstance(what, Graph):
+        return tune_model(what, *args, **kwargs)
+    return tune_tasks(what, *args, **kwargs)
+
+
+def build(what: Any, *args: Any, **kwargs: Any) -> Kernel | CompiledModel:
+    """A Task's best recorded program as a Kernel (see `ansor.kernel.build`), or a model graph
+    compiled with its tasks' best records as a CompiledModel (see `graph.compiled.build_model`)."""
+    if isinstance(what, Graph):
+        return build_model(what, *args, **kwargs)
+    return build_kernel(what, *args, **kwargs)

@@ -1,0 +1,201 @@
+"""A whole model compiled: tuned kernels, weights bound once, memory planned once.
+
+`build_model(graph, database)` extracts the model's tasks (`model_tasks`), compiles each
+distinct task once (its best record, else the default schedule), and lays out the calls: every
+subgraph occurrence is one step that calls its kernel on fixed buffers (its own weights, packed
+once; activations in the buffers of the memory plan). A call of the model then copies the
+inputs in, runs the steps (each a foreign-function call with pointers computed at build time)
+and copies the outputs out, so the Python cost per step is a few microseconds.
+
+Subgraphs that have no te form run the numpy reference kernels on the same buffers; reshapes
+of contiguous values are views and cost nothing. Both are said once at build time.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ansor.database import Database
+from ansor.graph.ir import Graph
+from ansor.graph.memory_plan import MemoryPlan, PlannedStep, plan_memory
+from ansor.graph.model_tasks import ModelPiece, ModelTasks, extract_tasks
+from ansor.graph.reference import run_graph
+from ansor.kernel import Kernel, build_many
+from ansor.memory import aligned_copy, aligned_empty
+from ansor.report import task_label
+from ansor.target import Target
+
+
+@dataclass
+class Step:
+    """One subgraph occurrence at run time. kind: 'kernel', 'view' (a reshape: no work) or
+    'fallback' (numpy reference kernels)."""
+
+    piece: ModelPiece
+    kind: str
+    run: Callable[[], None]
+    kernel: Kernel | None = None
+    constants: tuple[np.ndarray, ...] = ()  # the weights in the kernel's order, aligned copies
+
+    @property
+    def name(self) -> str:
+        return self.piece.subgraph.label
+
+
+class CompiledModel:
+    """The model as a callable: `model(*inputs)` takes numpy arrays (or torch CPU tensors) in
+    the graph's input order and returns its output, or a tuple of them, of the same kind."""
+
+    def __init__(self, tasks: ModelTasks, kernels: dict[str, Kernel]):
+        self.tasks = tasks
+        self.graph: Graph = tasks.graph
+        self.kernels = kernels
+        g = self.graph
+        self._nbytes = {n: int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
+                        for n, t in g.types.items()}
+        planned = [PlannedStep(tuple(p.subgraph.inputs), tuple(p.subgraph.outputs), _view_source(p))
+                   for p in tasks.pieces]
+        self.memory: MemoryPlan = plan_memory(planned, self._nbytes, g.inputs,
+                                              [o for o in g.outputs if o in g.types])
+        self._storage = [aligned_empty((max(size, 1),), np.uint8) for size in self.memory.sizes]
+        self._values: dict[str, np.ndarray] = {name: self._view(name) for name in self.memory.storage}
+        self._values.update({name: arr for name, arr in g.constants.items()})
+        self.steps: list[Step] = [self._make_step(p) for p in tasks.pieces]
+        self._runs = [s.run for s in self.steps if s.kind != "view"]
+
+    # ----------------------------------------------------------------------- construction
+
+    def _view(self, name: str) -> np.ndarray:
+        t = self.graph.types[name]
+        size = self._nbytes[name]
+        return self._storage[self.memory.storage[name]][:size].view(t.dtype).reshape(t.shape)
+
+    def _make_step(self, piece: ModelPiece) -> Step:
+        sub = piece.subgraph
+        if _view_source(piece) is not None:
+            return Step(piece, "view", lambda: None)
+        ins = [self._values[n] for n in sub.inputs]
+        outs = [self._values[n] for n in sub.outputs]
+        if piece.lowered is None:
+            return Step(piece, "fallback", _fallback_call(sub.graph, ins, outs))
+        kernel = self.kernels[piece.key]
+        constants = tuple(aligned_copy(a) for a in piece.lowered.constant_arrays())
+        run = kernel.call_on([*ins, *constants, *outs])
+        return Step(piece, "kernel", run, kernel, constants)
+
+    # ----------------------------------------------------------------------- calling
+
+    @property
+    def input_names(self) -> list[str]:
+        return list(self.graph.inputs)
+
+    def __call__(self, *inputs: Any):
+        g = self.graph
+        if len(inputs) != len(g.inputs):
+            raise TypeError(f"the model takes {len(g.inputs)} inputs ({', '.join(g.inputs)}), got {len(inputs)}")
+        as_torch = any(_is_torch(x) for x in inputs)
+        for name, x in zip(g.inputs, inputs):
+            array = x.detach().cpu().numpy() if _is_torch(x) else np.asarray(x)
+            t = g.types[name]
+            if tuple(array.shape) != tuple(t.shape):
+                raise ValueError(f"input {name!r}: expected shape {tuple(t.shape)}, got {tuple(array.shape)}")
+            if not np.can_cast(array.dtype, t.dtype, casting="same_kind"):
+                raise TypeError(f"input {name!r}: expected dtype {t.dtype}, got {array.dtype}")
+            np.copyto(self._values[name], array, casting="same_kind")
+        for run in self._runs:
+            run()
+        results = [np.array(self._values[o]) for o in g.outputs]  # copies: the next call reuses the buffers
+        if as_torch:
+            import torch
+
+            results = [torch.from_numpy(r) for r in results]
+        return results[0] if len(results) == 1 else tuple(results)
+
+    # ----------------------------------------------------------------------- reporting
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weights as the kernels read them (aligned copies and packed layouts)."""
+        return sum(c.nbytes for s in self.steps for c in s.constants)
+
+    def summary(self) -> str:
+        """One line per distinct task: occurrences, whether it is tuned, its record's latency."""
+        tuned = sum(1 for k in self.kernels.values() if k.record is not None)
+        lines = [f"{len(self.steps)} subgraphs, {len(self.kernels)} distinct kernels ({tuned} tuned), "
+                 f"{len(self.tasks.fallbacks)} on numpy fallback; activations "
+                 f"{_mib(self.memory.total_bytes)} planned (one buffer per value: "
+                 f"{_mib(self.memory.naive_bytes)}), weights {_mib(self.weight_bytes)}"]
+        for key, index in self.tasks.task_index.items():
+            k = self.kernels[key]
+            cost = f"{k.record.median_cost * 1e3:9.3f} ms" if k.record is not None else "    untuned"
+            lines.append(f"  {cost}  x{self.tasks.weights[index]:<3d} {task_label(k.task)}")
+        for p in self.tasks.fallbacks:
+            lines.append(f"   fallback      {p.subgraph.label}: {p.fallback_reason}")
+        return "\n".join(lines)
+
+    def profile(self, *inputs: Any, rounds: int = 20) -> list[tuple[str, str, float]]:
+        """(subgraph name, kind, median seconds) of every step over `rounds` calls of the model
+        on `inputs`, in execution order."""
+        self(*inputs)
+        times: list[list[float]] = [[] for _ in self.steps]
+        for _ in range(rounds):
+            for k, step in enumerate(self.steps):
+                start = time.perf_counter()
+                step.run()
+                times[k].append(time.perf_counter() - start)
+        return [(s.name, s.kind, statistics.median(t)) for s, t in zip(self.steps, times)]
+
+    def export_library(self, path: str) -> str:
+        """Write the model as one shared library with a C entry point (see `graph.export`)."""
+        from ansor.graph.export import export_library
+
+        return export_library(self, path)
+
+
+def build_model(graph: Graph, database: Database | str | None = None, target: Target | None = None,
+                verbose: bool = True) -> CompiledModel:
+    """Compile `graph` with the best records of `database` for its tasks (default schedules
+    for tasks without one; numpy reference kernels for subgraphs without a te form)."""
+    tasks = extract_tasks(graph, target)
+    compiled = build_many(tasks.tasks, database)
+    kernels = {key: compiled[i] for key, i in tasks.task_index.items()}
+    if verbose:
+        untuned = sum(1 for k in compiled if k.record is None)
+        if untuned:
+            print(f"ansor: {untuned} of {len(compiled)} kernels of the model have no tuning record and run "
+                  f"an untuned default schedule (ansor.tune(graph) finds better ones)", file=sys.stderr)
+        if tasks.fallbacks:
+            print(f"ansor: {len(tasks.fallbacks)} subgraphs run with numpy reference kernels "
+                  f"(no compiled form): {tasks.fallbacks[0].fallback_reason}", file=sys.stderr)
+    return CompiledModel(tasks, kernels)
+
+
+def _view_source(piece: ModelPiece) -> str | None:
+    """The input a piece merely reshapes (its output is a view of it), else None."""
+    sub = piece.subgraph
+    if (len(sub.inputs) == 1 and len(sub.outputs) == 1 and sub.nodes
+            and all(n.op == "reshape" for n in sub.nodes) and not sub.constants):
+        return sub.inputs[0]
+    return None
+
+
+def _fallback_call(graph: Graph, ins: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> Callable[[], None]:
+    def run() -> None:
+        for out, value in zip(outs, run_graph(graph, list(ins))):
+            np.copyto(out, value)
+
+    return run
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"

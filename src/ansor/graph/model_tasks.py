@@ -1,0 +1,72 @@
+"""A model graph as the tuner sees it: simplified, cut into fused subgraphs, each lowered to te.
+
+`extract_tasks` is the one place both `tune` and `build` of a graph start from, so the tasks a
+model is tuned with are exactly the tasks it is later built with (same workload keys, so the
+records are found). Subgraphs with the same structure are one task whose weight is how often it
+occurs; each occurrence keeps its own lowered form, since its weights differ. A subgraph with no
+te form (an operator or dtype the lowering lacks) is a *fallback*: it runs with the numpy
+reference kernels, and the reason is kept so that it can be said aloud.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ansor.graph import passes
+from ansor.graph.ir import Graph
+from ansor.graph.partition import Subgraph, partition
+from ansor.graph.to_te import SubgraphTask, lower_subgraph
+from ansor.target import Target
+from ansor.task import Task
+
+
+@dataclass
+class ModelPiece:
+    """One subgraph occurrence: its lowering (None for a fallback, with `fallback_reason`)."""
+
+    subgraph: Subgraph
+    lowered: SubgraphTask | None
+    fallback_reason: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.subgraph.key
+
+
+@dataclass
+class ModelTasks:
+    """The simplified graph, its pieces in execution order, and the distinct tasks to tune
+    (`tasks[i]` occurs `weights[i]` times; `task_index[key]` is its place)."""
+
+    graph: Graph
+    pieces: list[ModelPiece]
+    tasks: list[Task] = field(default_factory=list)
+    weights: list[int] = field(default_factory=list)
+    task_index: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def fallbacks(self) -> list[ModelPiece]:
+        return [p for p in self.pieces if p.lowered is None]
+
+
+def extract_tasks(graph: Graph, target: Target | None = None, simplify: bool = True) -> ModelTasks:
+    """Simplify `graph` (fold batch norms and constants, drop identities), partition it and
+    lower every subgraph; identical subgraphs share one task."""
+    if not isinstance(graph, Graph):
+        raise TypeError(f"expected an ansor.graph.Graph, got {type(graph).__name__}")
+    g = passes.simplify(graph.copy()) if simplify else graph
+    model = ModelTasks(g, [])
+    for sub in partition(g):
+        try:
+            piece = ModelPiece(sub, lower_subgraph(sub, target))
+        except NotImplementedError as err:
+            piece = ModelPiece(sub, None, str(err))
+        model.pieces.append(piece)
+        if piece.lowered is None:
+            continue
+        index = model.task_index.setdefault(piece.key, len(model.tasks))
+        if index == len(model.tasks):
+            model.tasks.append(piece.lowered.task)
+            model.weights.append(0)
+        model.weights[index] += 1
+    return model
