@@ -45,6 +45,11 @@ class Kernel:
         return bool(self._lib.packed_nbytes)
 
     @property
+    def packed_nbytes(self) -> tuple[int, ...]:
+        """Sizes of the packed buffers (weights in tiled layouts) its calls take last."""
+        return tuple(self._lib.packed_nbytes)
+
+    @property
     def schedule(self) -> str:
         """The program's loop nest, readable, with the loop extents that run."""
         from ansor.lower.lower import schedule_text

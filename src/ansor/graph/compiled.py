@@ -91,9 +91,9 @@ class CompiledModel:
 
     # ----------------------------------------------------------------------- calling
 
-    @property
-    def input_names(self) -> list[str]:
-        return list(self.graph.inputs)
+    def nbytes(self, value: str) -> int:
+        """Bytes of a value of the graph (an input, output or intermediate)."""
+        return self._nbytes[value]
 
     def __call__(self, *inputs: Any):
         g = self.graph

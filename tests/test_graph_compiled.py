@@ -1,0 +1,234 @@
+"""Compiled models: memory planning, `ansor.build(graph)` against PyTorch eager, the numpy
+fallback, the C library run from a C program, tuning a model with resume, and the
+torch.compile backend (through its entry point, with a graph break).
+
+Errors are max abs differences relative to the RMS of PyTorch eager's output.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import ansor
+from ansor.graph.memory_plan import PlannedStep, plan_memory
+
+TOLERANCE = 1e-3
+
+
+def rel_err(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    rms = float(np.sqrt(np.mean(np.square(want)))) or 1.0
+    return float(np.max(np.abs(got - want))) / rms
+
+
+# ------------------------------------------------------------------------------ memory plan
+
+
+def test_memory_plan_reuses_buffers_of_dead_values_and_never_overlaps_live_ones():
+    # a chain x -> a -> b -> c -> d (+ a residual read of b at the last step)
+    steps = [PlannedStep(("x",), ("a",)), PlannedStep(("a",), ("b",)), PlannedStep(("b",), ("c",)),
+             PlannedStep(("c", "b"), ("d",))]
+    nbytes = {"x": 100, "a": 400, "b": 400, "c": 300, "d": 400}
+    plan = plan_memory(steps, nbytes, ["x"], ["d"])
+    live = {0: {"x", "a"}, 1: {"x", "a", "b"}, 2: {"x", "b", "c"}, 3: {"x", "b", "c", "d"}}
+    for index, values in live.items():
+        buffers = [plan.storage[v] for v in values]
+        assert len(set(buffers)) == len(buffers), f"step {index}: two live values share a buffer"
+    for name, size in nbytes.items():
+        assert plan.sizes[plan.storage[name]] >= size
+    assert plan.storage["c"] == plan.storage["a"]  # a is dead after step 1: c takes its buffer
+    assert plan.total_bytes < plan.naive_bytes
+
+
+def test_memory_plan_views_share_their_source_and_keep_it_alive():
+    steps = [PlannedStep(("x",), ("a",)), PlannedStep(("a",), ("v",), alias_of="a"),
+             PlannedStep(("x",), ("b",)), PlannedStep(("v", "b"), ("y",))]
+    plan = plan_memory(steps, {"x": 64, "a": 64, "v": 64, "b": 64, "y": 64}, ["x"], ["y"])
+    assert plan.storage["v"] == plan.storage["a"]
+    assert plan.storage["b"] != plan.storage["a"]  # a lives through its view until the last step
+    assert len({plan.storage[n] for n in ("x", "a", "b", "y")}) == 4
+
+
+# ------------------------------------------------------------------------------ models
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+
+class SmallNet(nn.Module):
+    """conv + batch norm + relu, a residual block, a flatten (a view) and a linear layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.pool = nn.MaxPool2d(2)
+        self.fc = nn.Linear(8 * 4 * 4, 10)
+        self.bn.running_mean.uniform_(-1, 1)
+        self.bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.c1(x)))
+        y = torch.relu(self.c2(y) + y)
+        return self.fc(torch.flatten(self.pool(y), 1))
+
+
+@pytest.fixture(scope="module")
+def small_net():
+    torch.manual_seed(0)
+    model = SmallNet().eval()
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad():
+        want = model(x).numpy()
+    return model, x, want
+
+
+def test_compiled_model_matches_eager_with_numpy_and_torch_inputs(small_net, tmp_path, capfd):
+    model, x, want = small_net
+    graph = ansor.graph.from_torch(model, (x,))
+    compiled = ansor.build(graph, database=str(tmp_path / "empty.db"))
+    assert "no tuning record" in capfd.readouterr().err  # said once, with the count
+    assert any(s.kind == "view" for s in compiled.steps)  # the flatten costs nothing
+    for _ in range(2):  # the buffers are reused between calls
+        got = compiled(x.numpy())
+        assert isinstance(got, np.ndarray) and rel_err(got, want) < TOLERANCE
+    got_torch = compiled(x)
+    assert isinstance(got_torch, torch.Tensor) and rel_err(got_torch.numpy(), want) < TOLERANCE
+    assert compiled.memory.total_bytes <= compiled.memory.naive_bytes
+    assert "distinct kernels" in compiled.summary()
+    with pytest.raises(ValueError, match="expected shape"):
+        compiled(np.zeros((1, 3, 4, 4), np.float32))
+
+
+def test_exported_library_runs_from_c_like_the_python_callable(small_net, tmp_path):
+    model, x, want = small_net
+    compiled = ansor.build(ansor.graph.from_torch(model, (x,)), database=str(tmp_path / "empty.db"),
+                           verbose=False)
+    lib = compiled.export_library(str(tmp_path / "small_net.so"))
+    header = (tmp_path / "small_net.h").read_text()
+    assert "small_net_run" in header and "[1x3x8x8]" in header
+    program = tmp_path / "main.c"
+    program.write_text(textwrap.dedent("""\
+        #include <stdio.h>
+        #include "small_net.h"
+        int main(int argc, char** argv) {
+          static float x[1 * 3 * 8 * 8], y[10];
+          FILE* f = fopen(argv[1], "rb");
+          if (!f || fread(x, sizeof x, 1, f) != 1) return 3;
+          fclose(f);
+          small_net_model* m = small_net_create();
+          if (!m) return 2;
+          const void* inputs[SMALL_NET_NUM_INPUTS] = {x};
+          void* outputs[SMALL_NET_NUM_OUTPUTS] = {y};
+          small_net_run(m, inputs, outputs);
+          small_net_run(m, inputs, outputs);
+          small_net_destroy(m);
+          for (int i = 0; i < 10; ++i) printf("%.9g\\n", y[i]);
+          return 0;
+        }
+        """))
+    exe = tmp_path / "main"
+    subprocess.run(["gcc", "-O1", str(program), f"-I{tmp_path}", lib, f"-Wl,-rpath,{tmp_path}", "-o", str(exe)],
+                   check=True)
+    x.numpy().tofile(tmp_path / "x.bin")
+    run = subprocess.run([str(exe), str(tmp_path / "x.bin")], capture_output=True, text=True, check=True)
+    from_c = np.array([float(v) for v in run.stdout.split()], np.float32).reshape(1, 10)
+    np.testing.assert_allclose(from_c, compiled(x.numpy()), rtol=0, atol=1e-6)
+    assert rel_err(from_c, want) < TOLERANCE
+
+
+class Masked(nn.Module):
+    """A comparison (a bool value, which has no te form) between two kernels."""
+
+    def forward(self, x):
+        y = x * 2.0
+        return torch.where(y > 0.5, y, -y).sum(dim=1)
+
+
+def test_subgraph_without_te_form_runs_on_numpy_said_once_and_cannot_be_exported(tmp_path, capfd):
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+    model = Masked().eval()
+    compiled = ansor.build(ansor.graph.from_torch(model, (x,)), database=str(tmp_path / "empty.db"))
+    err = capfd.readouterr().err
+    assert "numpy reference kernels" in err and "bool" in err
+    assert any(s.kind == "fallback" for s in compiled.steps)
+    assert rel_err(compiled(x.numpy()), model(x).numpy()) < TOLERANCE
+    from ansor.graph.export import ExportError
+
+    with pytest.raises(ExportError, match="numpy fallback"):
+        compiled.export_library(str(tmp_path / "masked.so"))
+
+
+def test_tuned_model_uses_its_records_and_a_rerun_resumes(tmp_path, capfd):
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU()).eval()
+    x = torch.randn(4, 32)
+    graph = ansor.graph.from_torch(model, (x,))
+    db = str(tmp_path / "tuned.db")
+    results = ansor.tune(graph, trials=16, database=db, seed=0, progress=False)
+    assert len(results) == 1 and results[0].trials == 16 and results[0].best_cost < float("inf")
+    again = ansor.tune(graph, trials=16, database=db, seed=0, progress=True)
+    assert again[0].trials == 0  # the records of the first run count against the budget
+    assert "0 of 16 trials left" in capfd.readouterr().err
+    compiled = ansor.build(graph, database=db)
+    assert all(k.record is not None for k in compiled.kernels.values())
+    with torch.no_grad():
+        assert rel_err(compiled(x.numpy()), model(x).numpy()) < TOLERANCE
+
+
+class WithGraphBreak(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.fc = nn.Linear(4, 5)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x)).mean((2, 3))
+        print("", end="")  # a graph break: Dynamo hands the backend two graphs
+        return self.fc(y)
+
+
+def test_torch_compile_backend_by_entry_point_is_correct_under_graph_breaks(tmp_path, capfd):
+    torch.manual_seed(2)
+    model = WithGraphBreak().eval()
+    x = torch.randn(2, 3, 8, 8)
+    torch._dynamo.reset()
+    fast = torch.compile(model, backend="ansor", options={"database": str(tmp_path / "empty.db")})
+    with torch.no_grad():
+        want = model(x)
+        got = fast(x)
+    assert rel_err(got.numpy(), want.numpy()) < TOLERANCE
+    err = capfd.readouterr().err
+    assert err.count("no tuning record") == 2  # both graphs were compiled by ansor
+    with torch.no_grad():
+        model.fc.weight.mul_(2)  # weights changed in place: the graph runs in PyTorch
+        want2 = model(x)
+        assert rel_err(fast(x).numpy(), want2.numpy()) < TOLERANCE
+    assert "weights changed" in capfd.readouterr().err
+    torch._dynamo.reset()
+
+
+def test_cli_tune_model_then_run_model_on_an_onnx_file(tmp_path):
+    pytest.importorskip("onnx")
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU()).eval()
+    path = tmp_path / "m.onnx"
+    torch.onnx.export(model, (torch.randn(1, 3, 8, 8),), str(path), dynamo=True)
+    db = str(tmp_path / "cli.db")
+    cli = [sys.executable, "-m", "ansor.cli"]
+    tuned = subprocess.run([*cli, "tune-model", str(path), "--trials", "8", "--database", db, "--seed", "0",
+                            "--quiet"], capture_output=True, text=True)
+    assert tuned.returncode == 0, tuned.stderr
+    assert "estimated model latency" in tuned.stdout
+    ran = subprocess.run([*cli, "run-model", str(path), "--database", db, "--rounds", "2"],
+                         capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "1 tuned" in ran.stdout and "ansor" in ran.stdout
+    missing = subprocess.run([*cli, "run-model", str(tmp_path / "nope.onnx")], capture_output=True, text=True)
+    assert missing.returncode == 2 and "no such file" in missing.stderr
