@@ -59,7 +59,7 @@ class CompiledModel:
         g = self.graph
         self._nbytes = {n: int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
                         for n, t in g.types.items()}
-        planned = [PlannedStep(tuple(p.subgraph.inputs), tuple(p.subgraph.outputs), _view_source(p))
+        planned = [PlannedStep(tuple(p.subgraph.inputs), tuple(p.subgraph.outputs), p.view_of)
                    for p in tasks.pieces]
         self.memory: MemoryPlan = plan_memory(planned, self._nbytes, g.inputs,
                                               [o for o in g.outputs if o in g.types])
@@ -78,7 +78,7 @@ class CompiledModel:
 
     def _make_step(self, piece: ModelPiece) -> Step:
         sub = piece.subgraph
-        if _view_source(piece) is not None:
+        if piece.view_of is not None:
             return Step(piece, "view", lambda: None)
         ins = [self._values[n] for n in sub.inputs]
         outs = [self._values[n] for n in sub.outputs]
@@ -174,15 +174,6 @@ def build_model(graph: Graph, database: Database | str | None = None, target: Ta
             print(f"ansor: {len(tasks.fallbacks)} subgraphs run with numpy reference kernels "
                   f"(no compiled form): {tasks.fallbacks[0].fallback_reason}", file=sys.stderr)
     return CompiledModel(tasks, kernels)
-
-
-def _view_source(piece: ModelPiece) -> str | None:
-    """The input a piece merely reshapes (its output is a view of it), else None."""
-    sub = piece.subgraph
-    if (len(sub.inputs) == 1 and len(sub.outputs) == 1 and sub.nodes
-            and all(n.op == "reshape" for n in sub.nodes) and not sub.constants):
-        return sub.inputs[0]
-    return None
 
 
 def _fallback_call(graph: Graph, ins: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> Callable[[], None]:

@@ -22,11 +22,14 @@ from ansor.task import Task
 
 @dataclass
 class ModelPiece:
-    """One subgraph occurrence: its lowering (None for a fallback, with `fallback_reason`)."""
+    """One subgraph occurrence: its lowering (None for a fallback, with `fallback_reason`, and
+    for a view). `view_of` names the input a piece merely reshapes: its output is a view of that
+    input's memory, so it has no kernel and no task."""
 
     subgraph: Subgraph
     lowered: SubgraphTask | None
     fallback_reason: str = ""
+    view_of: str | None = None
 
     @property
     def key(self) -> str:
@@ -46,7 +49,7 @@ class ModelTasks:
 
     @property
     def fallbacks(self) -> list[ModelPiece]:
-        return [p for p in self.pieces if p.lowered is None]
+        return [p for p in self.pieces if p.lowered is None and p.view_of is None]
 
 
 def extract_tasks(graph: Graph, target: Target | None = None, simplify: bool = True) -> ModelTasks:
@@ -57,6 +60,10 @@ def extract_tasks(graph: Graph, target: Target | None = None, simplify: bool = T
     g = passes.simplify(graph.copy()) if simplify else graph
     model = ModelTasks(g, [])
     for sub in partition(g):
+        source = view_source(sub)
+        if source is not None:
+            model.pieces.append(ModelPiece(sub, None, view_of=source))
+            continue
         try:
             piece = ModelPiece(sub, lower_subgraph(sub, target))
         except NotImplementedError as err:
@@ -70,3 +77,12 @@ def extract_tasks(graph: Graph, target: Target | None = None, simplify: bool = T
             model.weights.append(0)
         model.weights[index] += 1
     return model
+
+
+def view_source(sub: Subgraph) -> str | None:
+    """The input a subgraph merely reshapes (values are dense, so its output is a view of it),
+    else None."""
+    if (len(sub.inputs) == 1 and len(sub.outputs) == 1 and sub.nodes
+            and all(n.op == "reshape" for n in sub.nodes) and not sub.constants):
+        return sub.inputs[0]
+    return None

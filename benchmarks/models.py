@@ -1,0 +1,221 @@
+"""Whole models at batch 1: ansor beside PyTorch eager, torch.compile and onnxruntime.
+
+    python benchmarks/models.py --models resnet18 --trials-per-task 150 --database models.db
+    python benchmarks/models.py --models resnet18,mobilenet_v2,bert_layer --database models.db
+
+Each model (random weights from a `transformers` config) is imported with `from_torch`, tuned
+with the task scheduler when `--trials-per-task` > 0 (a rerun on the same database resumes),
+built with the database's records, checked against PyTorch eager (max error relative to the
+output's RMS), and timed in turns with the other runtimes in the same process (several rounds,
+medians and spreads). onnxruntime gets a session with as many intra-op threads as cores.
+`--profile` prints each subgraph's time, the table to read when a model misses its bar.
+`--curve FILE.json` appends the tuning curve (estimated model latency after each round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+
+import numpy as np
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def make_model(name: str):
+    """(module, example inputs) for a named model, weights random but fixed."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+
+    class Logits(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return self.model(x).logits
+
+    if name == "resnet18":
+        config = transformers.ResNetConfig(depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512],
+                                           layer_type="basic", embedding_size=64, num_labels=1000)
+        return Logits(transformers.ResNetForImageClassification(config)), (torch.randn(1, 3, 224, 224),)
+    if name == "resnet50":
+        config = transformers.ResNetConfig(layer_type="bottleneck", num_labels=1000)
+        return Logits(transformers.ResNetForImageClassification(config)), (torch.randn(1, 3, 224, 224),)
+    if name == "mobilenet_v2":
+        config = transformers.MobileNetV2Config(num_labels=1000)
+        return Logits(transformers.MobileNetV2ForImageClassification(config)), (torch.randn(1, 3, 224, 224),)
+    if name == "bert_layer":
+        config = transformers.BertConfig(num_hidden_layers=1, hidden_size=768, num_attention_heads=12,
+                                         intermediate_size=3072)
+        layer = transformers.BertModel(config, add_pooling_layer=False).encoder.layer[0]
+
+        class Layer(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layer = layer
+
+            def forward(self, h):
+                return self.layer(h)
+
+        return Layer(), (torch.randn(1, 128, 768),)
+    raise SystemExit(f"unknown model {name!r}: resnet18, resnet50, mobilenet_v2, bert_layer")
+
+
+class CurveLogger:
+    """After every round: trials so far and the model's estimated latency (sum of weight x best
+    latency over tasks; infinite until every task has a program)."""
+
+    def __init__(self, weights_by_task: dict[int, float]):
+        self.weights = weights_by_task
+        self.best: dict[int, float] = {}
+        self.trials: dict[int, int] = {}
+        self.points: list[tuple[int, float]] = []
+
+    def __call__(self, result) -> None:
+        key = id(result.task)
+        self.best[key] = result.best_cost
+        self.trials[key] = result.trials
+        total = sum(w * self.best.get(k, math.inf) for k, w in self.weights.items())
+        self.points.append((sum(self.trials.values()), total))
+
+
+def onnxruntime_session(module, inputs):
+    try:
+        import onnxruntime
+        import torch
+    except ImportError:
+        return None
+    path = os.path.join(tempfile.mkdtemp(prefix="ansor-models-"), "model.onnx")
+    with open(os.devnull, "w") as devnull:
+        stdout, sys.stdout = sys.stdout, devnull
+        try:
+            torch.onnx.export(module, inputs, path, dynamo=True)
+        finally:
+            sys.stdout = stdout
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count() or 1
+    session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    feed = {i.name: x.numpy() for i, x in zip(session.get_inputs(), inputs)}
+    return lambda: session.run(None, feed)
+
+
+def time_in_turns(fns: dict, rounds: int, min_seconds: float = 0.3) -> dict[str, tuple[float, float]]:
+    """name -> (median seconds per call, spread (max-min)/median) over `rounds` rounds in turns."""
+    numbers = {}
+    for name, fn in fns.items():
+        fn()
+        start = time.perf_counter()
+        fn()
+        one = max(time.perf_counter() - start, 1e-6)
+        numbers[name] = max(1, int(min_seconds / one))
+    runs: dict[str, list[float]] = {n: [] for n in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(numbers[name]):
+                fn()
+            runs[name].append((time.perf_counter() - start) / numbers[name])
+    return {n: (statistics.median(r), (max(r) - min(r)) / statistics.median(r)) for n, r in runs.items()}
+
+
+def bench(name: str, args) -> dict:
+    import torch
+
+    import ansor
+    from ansor.graph.model_tasks import extract_tasks
+    from ansor.graph.tuning import tune_model
+
+    module, inputs = make_model(name)
+    module = module.eval()
+    graph = ansor.graph.from_torch(module, inputs)
+    tasks = extract_tasks(graph)
+    print(f"== {name}: {len(tasks.pieces)} subgraphs, {len(tasks.tasks)} distinct tasks, "
+          f"{len(tasks.fallbacks)} on numpy fallback", flush=True)
+    curve = None
+    if args.trials_per_task > 0:
+        curve = CurveLogger({id(t): w for t, w in zip(tasks.tasks, tasks.weights)})
+        trials = args.trials_per_task * len(tasks.tasks)
+        start = time.time()
+        tune_model(tasks, trials=trials, database=args.database, scheduler=args.scheduler, seed=args.seed,
+                   time_budget=args.time_budget, progress=not args.quiet, callback=curve)
+        print(f"tuned {name} in {time.time() - start:.0f} s", flush=True)
+    compiled = ansor.build(graph, database=args.database)
+    print(compiled.summary(), flush=True)
+    x = [t.numpy() for t in inputs]
+    with torch.no_grad():
+        want = module(*inputs).numpy()
+    got = compiled(*x)
+    err = float(np.max(np.abs(got - want)) / (np.sqrt(np.mean(want.astype(np.float64) ** 2)) or 1.0))
+    fns = {"ansor": lambda: compiled(*x)}
+
+    def eager():
+        with torch.no_grad():
+            module(*inputs)
+
+    fns["PyTorch eager"] = eager
+    if not args.no_inductor:
+        compiled_torch = torch.compile(module)
+        with torch.no_grad():
+            compiled_torch(*inputs)
+
+        def inductor():
+            with torch.no_grad():
+                compiled_torch(*inputs)
+
+        fns["torch.compile"] = inductor
+    ort = onnxruntime_session(module, inputs)
+    if ort is not None:
+        fns["onnxruntime"] = ort
+    timings = time_in_turns(fns, args.rounds)
+    base = timings["ansor"][0]
+    print(f"{name}: ansor max error {err:.1e} of the output RMS; timed in turns, {args.rounds} rounds "
+          f"(ratio = other / ansor, above 1: ansor faster)")
+    for impl, (median, spread) in timings.items():
+        print(f"  {impl:15s} {median * 1e3:9.2f} ms  spread {spread:4.0%}  ratio {median / base:5.2f}")
+    if args.profile:
+        print("  per subgraph (median of 20 calls):")
+        for label, kind, seconds in compiled.profile(*x):
+            print(f"    {seconds * 1e3:8.3f} ms  {kind:8s} {label}")
+    row = {"model": name, "error": err, "timings_ms": {k: v[0] * 1e3 for k, v in timings.items()},
+           "spreads": {k: v[1] for k, v in timings.items()}, "tasks": len(tasks.tasks),
+           "tuned": sum(1 for k in compiled.kernels.values() if k.record is not None)}
+    if curve is not None:
+        row["curve"] = curve.points
+        row["scheduler"] = args.scheduler
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="resnet18,mobilenet_v2,bert_layer")
+    parser.add_argument("--database", default="models.db")
+    parser.add_argument("--trials-per-task", type=int, default=0,
+                        help="tune first: this many trials times the number of distinct tasks (default 0)")
+    parser.add_argument("--scheduler", default="gradient", choices=["gradient", "round-robin"])
+    parser.add_argument("--time-budget", type=float, default=None, help="seconds of tuning per model")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--no-inductor", action="store_true", help="skip torch.compile (slow to compile)")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--json", help="append each model's row to this JSON-lines file")
+    args = parser.parse_args()
+    for name in args.models.split(","):
+        row = bench(name, args)
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
