@@ -182,12 +182,16 @@ def bench(name: str, args) -> dict:
           f"(ratio = other / ansor, above 1: ansor faster)")
     for impl, (median, spread) in timings.items():
         print(f"  {impl:15s} {median * 1e3:9.2f} ms  spread {spread:4.0%}  ratio {median / base:5.2f}")
+    steps = compiled.profile(*x)
+    kernels_ms = sum(seconds for _, _, seconds in steps) * 1e3
+    print(f"  the steps alone (each timed on its own, medians): {kernels_ms:.2f} ms; the rest of a call "
+          f"(copies in and out, Python): {timings['ansor'][0] * 1e3 - kernels_ms:+.3f} ms")
     if args.profile:
         print("  per subgraph (median of 20 calls):")
-        for label, kind, seconds in compiled.profile(*x):
+        for label, kind, seconds in steps:
             print(f"    {seconds * 1e3:8.3f} ms  {kind:8s} {label}")
     row = {"model": name, "error": err, "timings_ms": {k: v[0] * 1e3 for k, v in timings.items()},
-           "spreads": {k: v[1] for k, v in timings.items()}, "tasks": len(tasks.tasks),
+           "spreads": {k: v[1] for k, v in timings.items()}, "tasks": len(tasks.tasks), "steps_ms": kernels_ms,
            "tuned": sum(1 for k in compiled.kernels.values() if k.record is not None)}
     if curve is not None:
         row["curve"] = curve.points

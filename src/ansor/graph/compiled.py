@@ -26,6 +26,7 @@ from ansor.graph.ir import Graph
 from ansor.graph.memory_plan import MemoryPlan, PlannedStep, plan_memory
 from ansor.graph.model_tasks import ModelPiece, ModelTasks, extract_tasks
 from ansor.graph.reference import run_graph
+from ansor.graph.threads import single_threaded_blas
 from ansor.kernel import Kernel, build_many
 from ansor.memory import aligned_copy, aligned_empty
 from ansor.report import task_label
@@ -108,8 +109,13 @@ class CompiledModel:
             if not np.can_cast(array.dtype, t.dtype, casting="same_kind"):
                 raise TypeError(f"input {name!r}: expected dtype {t.dtype}, got {array.dtype}")
             np.copyto(self._values[name], array, casting="same_kind")
-        for run in self._runs:
-            run()
+        if self.tasks.fallbacks:
+            with single_threaded_blas():  # no BLAS workers left spinning on the kernels' cores
+                for run in self._runs:
+                    run()
+        else:
+            for run in self._runs:
+                run()
         results = [np.array(self._values[o]) for o in g.outputs]  # copies: the next call reuses the buffers
         if as_torch:
             import torch
