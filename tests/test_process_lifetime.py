@@ -280,3 +280,34 @@ void add(void* a, void* b, void* c) {
         results.append(runner.run(lib, "add"))
         assert runner.worker_pid == pid
         assert [r.error_no for r in results] == [MeasureErrorNo.NO_ERROR] * 2
+
+
+def test_killed_model_tuner_keeps_its_records_and_the_rerun_resumes(tmp_path) -> None:
+    """kill -9 of `ansor tune-model`: nothing of it stays alive, the database is whole, and the
+    same command run again counts the kept records against its --trials."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnx")
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 8, 1)).eval()
+    onnx_path = tmp_path / "m.onnx"
+    torch.onnx.export(model, (torch.randn(1, 3, 16, 16),), str(onnx_path), dynamo=True)
+    db_path = tmp_path / "model.db"
+    env = {**os.environ, "ANSOR_CACHE_DIR": str(tmp_path / "cache")}
+    command = [sys.executable, "-m", "ansor.cli", "tune-model", str(onnx_path), "--trials", "100000",
+               "--database", str(db_path), "--quiet"]
+    with open(tmp_path / "tuner.log", "w") as log:
+        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + WORKERS_START_SECONDS
+    while time.monotonic() < deadline and proc.poll() is None and _committed_records(db_path) == 0:
+        time.sleep(0.2)
+    family = _descendants(proc.pid)
+    proc.kill()
+    proc.wait()
+    assert _wait_until_gone(family, EXIT_SECONDS) == set()
+    kept = _committed_records(db_path)
+    assert kept > 0, _log(tmp_path)
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    rerun = subprocess.run([*command[:6], str(kept), *command[7:]], env=env, capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"holds {kept} records" in rerun.stderr and f"0 of {kept} trials left" in rerun.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 
 
@@ -369,7 +370,7 @@ def _load_model(path: str):
 
     if not path.endswith(".onnx"):
         raise ValueError(f"{path}: give an .onnx file (PyTorch models: ansor.graph.from_torch in Python)")
-    if not __import__("os").path.exists(path):
+    if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file")
     return from_onnx(path)
 
@@ -377,7 +378,8 @@ def _load_model(path: str):
 def cmd_tune_model(args) -> int:
     import ansor
     from ansor.graph.model_tasks import extract_tasks
-    from ansor.graph.tuning import estimated_latency, tune_model
+    from ansor.database import open_database
+    from ansor.graph.tuning import estimated_latency, resume_message, spent_trials, tune_model
     from ansor.interrupts import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, terminate_as_interrupt
     from ansor.report import console, format_seconds
 
@@ -390,6 +392,12 @@ def cmd_tune_model(args) -> int:
     console.print(f"[bold]ansor[/] tuning [cyan]{args.model}[/]: {len(model.pieces)} subgraphs, "
                   f"{len(model.tasks)} distinct tasks, {len(model.fallbacks)} on numpy fallback; "
                   f"scheduler {args.scheduler}; records: {db_path}")
+    if args.quiet and os.path.exists(db_path):  # (with progress on, tune_model says it)
+        db, _ = open_database(db_path)
+        with db:
+            spent = spent_trials(model, db)
+        if spent:
+            print(f"ansor: {resume_message(model, spent, args.trials)}", file=sys.stderr)
     try:
         with terminate_as_interrupt():
             results = tune_model(model, trials=args.trials, database=db_path, scheduler=args.scheduler,
@@ -438,7 +446,7 @@ def cmd_run_model(args) -> int:
         import onnxruntime
 
         options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = __import__("os").cpu_count() or 1
+        options.intra_op_num_threads = os.cpu_count() or 1
         session = onnxruntime.InferenceSession(args.model, options, providers=["CPUExecutionProvider"])
         feed = {i.name: x for i, x in zip(session.get_inputs(), inputs)}
         fns["onnxruntime"] = lambda: session.run(None, feed)

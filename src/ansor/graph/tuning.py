@@ -40,11 +40,10 @@ def tune_model(graph: Graph | ModelTasks, trials: int = 1000, database: Database
         raise ValueError(f"tune_model: trials must be >= 0, got {trials}")
     db, owned = open_database(database)
     try:
-        spent = sum(db.count(t.workload_key, t.target.key) for t in model.tasks) if resume else 0
+        spent = spent_trials(model, db) if resume else 0
         left = max(0, trials - spent)
         if progress and spent:
-            print(f"ansor: the database holds {spent} records of this model's {len(model.tasks)} tasks; "
-                  f"{left} of {trials} trials left", file=sys.stderr)
+            print(f"ansor: {resume_message(model, spent, trials)}", file=sys.stderr)
         per_round = options.pop("measures_per_round", None) or max(
             MIN_MEASURES_PER_ROUND, min(TUNE_DEFAULTS["measures_per_round"], trials // len(model.tasks)))
         results = tune(model.tasks, trials=left, database=db, scheduler=scheduler,
@@ -54,6 +53,16 @@ def tune_model(graph: Graph | ModelTasks, trials: int = 1000, database: Database
         if owned:
             db.close()
     return results if isinstance(results, list) else [results]
+
+
+def spent_trials(model: ModelTasks, db: Database) -> int:
+    """Records the database holds of the model's tasks (on their targets)."""
+    return sum(db.count(t.workload_key, t.target.key) for t in model.tasks)
+
+
+def resume_message(model: ModelTasks, spent: int, trials: int) -> str:
+    return (f"the database holds {spent} records of this model's {len(model.tasks)} tasks; "
+            f"{max(0, trials - spent)} of {trials} trials left")
 
 
 def estimated_latency(model: ModelTasks, results: list[TuneResult]) -> float:
