@@ -89,12 +89,9 @@ class CurveLogger:
         self.points.append((sum(self.trials.values()), total))
 
 
-def onnxruntime_session(module, inputs):
-    try:
-        import onnxruntime
-        import torch
-    except ImportError:
-        return None
+def export_onnx(module, inputs) -> str:
+    import torch
+
     path = os.path.join(tempfile.mkdtemp(prefix="ansor-models-"), "model.onnx")
     with open(os.devnull, "w") as devnull:
         stdout, sys.stdout = sys.stdout, devnull
@@ -102,6 +99,53 @@ def onnxruntime_session(module, inputs):
             torch.onnx.export(module, inputs, path, dynamo=True)
         finally:
             sys.stdout = stdout
+    return path
+
+
+def onnxruntime_profile(path: str, inputs, runs: int = 20) -> list[tuple[str, float]]:
+    """(ONNX op type, median seconds) of every node onnxruntime ran, in its execution order."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count() or 1
+    options.enable_profiling = True
+    options.profile_file_prefix = os.path.join(os.path.dirname(path), "ort-profile")
+    session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    feed = {i.name: x.numpy() for i, x in zip(session.get_inputs(), inputs)}
+    for _ in range(runs):
+        session.run(None, feed)
+    with open(session.end_profiling()) as f:
+        events = json.load(f)
+    durations: dict[str, list[float]] = {}
+    op_of: dict[str, str] = {}
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            name = e["name"][: -len("_kernel_time")]
+            durations.setdefault(name, []).append(e["dur"] * 1e-6)
+            op_of[name] = e["args"].get("op_name", "?")
+    return [(op_of[n], statistics.median(d)) for n, d in durations.items()]
+
+
+def per_layer_table(steps, ort_nodes) -> None:
+    """Convolution and matmul-like subgraphs beside onnxruntime's nodes of the same kind, paired
+    in execution order (both run the model's layers in its order); then the rest in totals."""
+    heavy = {"Conv", "FusedConv", "Gemm", "MatMul", "FusedMatMul"}
+    ours = [(label, t) for label, kind, t in steps if label.split("_")[0] in ("conv2d", "linear", "matmul")]
+    theirs = [(op, t) for op, t in ort_nodes if op in heavy]
+    print("  per layer, ansor vs onnxruntime (paired in order; ratio above 1: ansor slower):")
+    for (label, t), (op, u) in zip(ours, theirs):
+        print(f"    {t * 1e3:8.3f} ms  {u * 1e3:8.3f} ms  {t / u:5.2f}  {label} | {op}")
+    rest_ours = sum(t for label, kind, t in steps) - sum(t for _, t in ours)
+    rest_theirs = sum(t for op, t in ort_nodes if op not in heavy)
+    print(f"    the rest: ansor {rest_ours * 1e3:.3f} ms, onnxruntime {rest_theirs * 1e3:.3f} ms")
+
+
+def onnxruntime_session(module, inputs):
+    try:
+        import onnxruntime
+    except ImportError:
+        return None
+    path = export_onnx(module, inputs)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = os.cpu_count() or 1
     session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
@@ -190,6 +234,8 @@ def bench(name: str, args) -> dict:
         print("  per subgraph (median of 20 calls):")
         for label, kind, seconds in steps:
             print(f"    {seconds * 1e3:8.3f} ms  {kind:8s} {label}")
+        if ort is not None:
+            per_layer_table(steps, onnxruntime_profile(export_onnx(module, inputs), inputs))
     row = {"model": name, "error": err, "timings_ms": {k: v[0] * 1e3 for k, v in timings.items()},
            "spreads": {k: v[1] for k, v in timings.items()}, "tasks": len(tasks.tasks), "steps_ms": kernels_ms,
            "tuned": sum(1 for k in compiled.kernels.values() if k.record is not None)}
