@@ -232,3 +232,49 @@ def test_cli_tune_model_then_run_model_on_an_onnx_file(tmp_path):
     assert "1 tuned" in ran.stdout and "ansor" in ran.stdout
     missing = subprocess.run([*cli, "run-model", str(tmp_path / "nope.onnx")], capture_output=True, text=True)
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def _small_bert():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(num_hidden_layers=1, hidden_size=64, num_attention_heads=4,
+                                     intermediate_size=128, vocab_size=100, max_position_embeddings=32)
+    torch.manual_seed(4)
+    bert = transformers.BertModel(config, add_pooling_layer=False).eval()
+
+    class Hidden(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, ids, mask):
+            return self.bert(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    ids = torch.randint(0, 100, (1, 16), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones(1, 16, dtype=torch.int64)
+    mask[0, 12:] = 0
+    return Hidden().eval(), (ids, mask)
+
+
+@pytest.mark.parametrize("door", ["from_torch", "from_onnx", "torch.compile"])
+def test_a_bert_layer_compiled_through_every_door_matches_eager(door, tmp_path):
+    model, inputs = _small_bert()
+    with torch.no_grad():
+        want = model(*inputs).numpy()
+    db = str(tmp_path / "empty.db")
+    if door == "torch.compile":
+        torch._dynamo.reset()
+        with torch.no_grad():
+            got = torch.compile(model, backend="ansor", options={"database": db, "verbose": False})(*inputs)
+        torch._dynamo.reset()
+        assert rel_err(got.numpy(), want) < TOLERANCE
+        return
+    if door == "from_torch":
+        graph = ansor.graph.from_torch(model, inputs)
+    else:
+        pytest.importorskip("onnx")
+        path = tmp_path / "bert.onnx"
+        torch.onnx.export(model, inputs, str(path), dynamo=True)
+        graph = ansor.graph.from_onnx(str(path))
+    compiled = ansor.build(graph, database=db, verbose=False)
+    assert sum(s.kind == "kernel" for s in compiled.steps) > 5
+    assert rel_err(compiled(*[x.numpy() for x in inputs]), want) < TOLERANCE

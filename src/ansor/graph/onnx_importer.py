@@ -327,6 +327,32 @@ def _gather(imp: _OnnxImporter, node: Any) -> None:
     imp._unsupported(node, "form of")
 
 
+@_handles("IsNaN")
+def _is_nan(imp: _OnnxImporter, node: Any) -> None:
+    x = imp.value(node.input[0])
+    imp.emit(node, "ne", [x, x])  # NaN is the one value unequal to itself
+
+
+@_handles("GatherND")
+def _gather_nd(imp: _OnnxImporter, node: Any) -> None:
+    """data[indices[..., 0], indices[..., 1], ...]: numpy's advanced indexing of the leading
+    axes (the graph's `index` op), one index tensor per entry of the indices' last axis."""
+    data, indices = node.input
+    if int(_attr(node, "batch_dims", 0)) != 0:
+        imp._unsupported(node, "form of")
+    shape = imp.shape(indices)
+    k = shape[-1]
+    parts = []
+    for j in range(k):
+        if indices in imp.known:
+            parts.append(imp.graph.add_constant(np.ascontiguousarray(imp.known[indices][..., j])))
+            continue
+        part = imp.graph.add_node("slice", [imp.value(indices)],
+                                  {"axis": len(shape) - 1, "start": j, "end": j + 1, "step": 1})
+        parts.append(imp.graph.add_node("reshape", [part], {"shape": tuple(shape[:-1])}))
+    imp.emit(node, "index", [imp.value(data), *parts])
+
+
 # ---------------------------------------------------------------------------- normalization
 @_handles("BatchNormalization")
 def _batch_norm(imp: _OnnxImporter, node: Any) -> None:
