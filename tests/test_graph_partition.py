@@ -107,6 +107,27 @@ def test_batch_norm_stays_when_the_conv_output_is_read_elsewhere():
     assert [n.op for n in passes.fold_batch_norm(g).nodes] == ["conv2d", "batch_norm", "relu"]
 
 
+def test_zero_pad_folds_into_the_conv_as_asymmetric_padding_and_the_task_computes_it():
+    rng = np.random.default_rng(4)
+    g = Graph()
+    x = g.add_input("x", (1, 8, 9, 9), "float32")
+    p = g.add_node("pad", [x], {"pads": ((0, 0), (0, 0), (0, 1), (1, 2)), "value": 0.0})
+    depthwise = g.add_node("conv2d", [p, g.add_constant(rand(rng, 8, 1, 3, 3))],
+                           {"stride": (2, 2), "padding": (1, 1), "groups": 8})
+    other = g.add_node("relu", [p])  # a second reader keeps the pad alive for itself
+    g.outputs = [depthwise, other]
+    g.validate()
+    folded = passes.fold_pad_into_conv(g)
+    conv = next(n for n in folded.nodes if n.op == "conv2d")
+    assert conv.attrs["padding"] == (1, 2, 2, 3) and conv.inputs[0] == x
+    assert [n.op for n in folded.nodes].count("pad") == 1
+    inputs = [rand(rng, 1, 8, 9, 9)]
+    assert_same_function(g, folded, inputs)
+    g.outputs = [depthwise]
+    subs, fell_back = check_tasks(passes.simplify(g), inputs)  # te's conv takes the 4 paddings
+    assert not fell_back and [s.ops for s in subs] == [["conv2d"]]
+
+
 def test_constant_subexpressions_fold():
     rng = np.random.default_rng(2)
     g = Graph()

@@ -189,9 +189,17 @@ def _batch_norm(types, attrs):
 # ----------------------------------------------------------------------------- dense
 
 
+def conv_padding4(padding: Sequence[int]) -> tuple[int, int, int, int]:
+    """A conv2d padding attribute as (top, left, bottom, right)."""
+    if len(padding) == 2:
+        return (padding[0], padding[1], padding[0], padding[1])
+    return tuple(padding)  # type: ignore[return-value]
+
+
 @_register("conv2d", (2, 3), {"stride": (1, 1), "padding": (0, 0), "dilation": (1, 1), "groups": 1})
 def _conv2d(types, attrs):
-    """NCHW input, OIHW weight (I = C / groups), symmetric padding per spatial axis."""
+    """NCHW input, OIHW weight (I = C / groups); padding (vertical, horizontal) on both sides,
+    or (top, left, bottom, right) where a folded pad made it asymmetric."""
     x, w = types[0], types[1]
     _check(len(x.shape) == 4 and len(w.shape) == 4, "conv2d: needs 4-d input and weight")
     n, c, h, wd = x.shape
@@ -200,9 +208,11 @@ def _conv2d(types, attrs):
     _check(c == ci * g and o % g == 0, f"conv2d: {c} channels, weight {w.shape}, groups {g}")
     if len(types) == 3:
         _check(types[2].shape == (o,), f"conv2d: bias {types[2].shape} for {o} channels")
-    (sh, sw), (ph, pw), (dh, dw) = attrs["stride"], attrs["padding"], attrs["dilation"]
-    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    (sh, sw), (dh, dw) = attrs["stride"], attrs["dilation"]
+    _check(len(attrs["padding"]) in (2, 4), f"conv2d: padding {attrs['padding']}")
+    pt, pl, pb, pr = conv_padding4(attrs["padding"])
+    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
     _check(oh > 0 and ow > 0, f"conv2d: empty output for input {x.shape}")
     return TensorType((n, o, oh, ow), x.dtype)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ansor.graph.ir import Graph, Node
+from ansor.graph.ops import conv_padding4
 from ansor.graph.reference import run_node
 
 #: A folded constant larger than this is left to run as a node: folding an `expand` of a
@@ -59,6 +60,29 @@ def fold_batch_norm(graph: Graph) -> Graph:
         g.replace_uses(bn.output, conv.output)
         removed.add(bn.output)
     return _finish(g, removed)
+
+
+def fold_pad_into_conv(graph: Graph) -> Graph:
+    """A zero `pad` of the spatial axes feeding a `conv2d` becomes the conv's own padding.
+
+    Models exported with TensorFlow's "same" padding (MobileNet-V2 in `transformers`) pad
+    before every strided convolution, asymmetrically; as a node of its own the pad is a kernel
+    and a pass over memory, as the conv's padding it is a bound check the search can place.
+    The pad stays for its other readers, if any (`_finish` drops it when none is left)."""
+    g = graph.copy()
+    producers = g.producers()
+    for conv in g.nodes:
+        pad = producers.get(conv.inputs[0]) if conv.op == "conv2d" else None
+        if pad is None or pad.op != "pad" or pad.attrs["value"] != 0 or len(pad.attrs["pads"]) != 4:
+            continue
+        (n0, n1), (c0, c1), (h0, h1), (w0, w1) = pad.attrs["pads"]
+        if (n0, n1, c0, c1) != (0, 0, 0, 0) or min(h0, h1, w0, w1) < 0:
+            continue
+        pt, pl, pb, pr = conv_padding4(conv.attrs["padding"])
+        pt, pl, pb, pr = pt + h0, pl + w0, pb + h1, pr + w1
+        conv.attrs = {**conv.attrs, "padding": (pt, pl) if (pt, pl) == (pb, pr) else (pt, pl, pb, pr)}
+        conv.inputs = [pad.inputs[0], *conv.inputs[1:]]
+    return _finish(g, set())
 
 
 def fold_constants(graph: Graph, max_elements: int = MAX_FOLDED_ELEMENTS) -> Graph:
@@ -129,10 +153,12 @@ def remove_identities(graph: Graph) -> Graph:
 def simplify(graph: Graph) -> Graph:
     """All the inference rewrites in an order where each enables the next: constants first (a
     folded weight transpose makes a conv's weight constant), then batch norms, then identities,
-    then constants again (a removed identity can leave constant-only nodes)."""
+    then pads into convolutions, then constants again (a removed identity can leave
+    constant-only nodes)."""
     g = fold_constants(graph)
     g = fold_batch_norm(g)
     g = remove_identities(g)
+    g = fold_pad_into_conv(g)
     return fold_constants(g)
 
 

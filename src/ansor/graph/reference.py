@@ -15,6 +15,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ansor.graph.ir import Graph, GraphError, Node
+from ansor.graph.ops import conv_padding4
 
 Kernel = Callable[[list[np.ndarray], dict[str, Any]], np.ndarray]
 KERNELS: dict[str, Kernel] = {}
@@ -159,10 +160,10 @@ def _windows(x: np.ndarray, kernel, stride, dilation, out_hw) -> np.ndarray:
 @_kernel("conv2d")
 def _conv2d(xs, a):
     x, w = xs[0], xs[1]
-    (ph, pw), g = a["padding"], a["groups"]
+    (pt, pl, pb, pr), g = conv_padding4(a["padding"]), a["groups"]
     n, c = x.shape[:2]
     o, cg, kh, kw = w.shape
-    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
     out_hw = a["out_hw"]
     win = _windows(xp, (kh, kw), a["stride"], a["dilation"], out_hw)
     if g == 1:
