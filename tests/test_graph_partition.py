@@ -267,8 +267,13 @@ def test_bert_layer_partition(bert_layer):
     ops = [s.ops for s in subs]
     assert ["linear", "gelu"] in ops
     assert ops.count(["layer_norm"]) == sum(n.op == "layer_norm" for n in simple.nodes)
-    # attention output and feed-forward: a linear with the residual add fused in
-    assert ops.count(["linear", "add"]) == 2
+    # attention output and feed-forward: a linear with the residual add fused in (the first one
+    # also takes in the heads' merge, permute + reshape, as its producer)
+    assert ops.count(["linear", "add"]) == 1 and ["permute", "reshape", "linear", "add"] in ops
+    # the heads' split (reshape + permute) of query, key and value join the attention op
+    assert ["reshape", "permute"] * 3 + ["scaled_dot_product_attention"] in ops
+    assert not any(op_kind(s.ops[0]) == "layout" and len(s.inputs) == 1 and s.ops[-1] == "permute"
+                   for s in subs)
     assert ["embedding", "add", "add"] in ops  # token + position + type embeddings
     # only the attention mask falls back: te tensors hold numbers, not bools
     assert fell_back == ["cast+index+logical_and"]

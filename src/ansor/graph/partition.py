@@ -13,7 +13,11 @@ rules are those of TVM's operator fusion, kept simple:
   (gathers count as injective: each output element reads one input element, as in an
   embedding lookup followed by the position embedding's add);
 * layout ops (reshape, permute, expand, slice, concat, pad) form their own cheap subgraphs
-  (consecutive ones chained), and any other op stands alone.
+  (consecutive ones chained), and any other op stands alone;
+* a chain of layout ops whose one result is read by an anchor alone joins that anchor's
+  subgraph as its producer (the heads split of attention, reshape + permute before the
+  attention op), computed inside the anchor's kernel instead of as a copy of its own;
+  reshapes alone stay apart (the executor runs them as views of their input).
 
 Many subgraphs of a network compute the same function on different weights (ResNet's repeated
 blocks, every layer of a transformer). `Subgraph.key` names that function: ops, attributes,
@@ -192,8 +196,36 @@ def partition(graph: Graph) -> list[Subgraph]:
             group_of[n.output] = len(groups)
         groups.append(group)
 
+    _merge_layout_producers(graph, groups, group_of, consumers, graph_outputs)
     order = _topological_groups(graph, groups, group_of)
-    return [_make_subgraph(graph, groups[i], consumers, graph_outputs) for i in order]
+    return [_make_subgraph(graph, groups[i], consumers, graph_outputs) for i in order if groups[i]]
+
+
+def _merge_layout_producers(graph: Graph, groups: list[list[Node]], group_of: dict[str, int],
+                            consumers: dict[str, list[Node]], graph_outputs: set[str]) -> None:
+    """Move each layout-only group whose single result has one reader, an anchor, into the
+    anchor's group (ahead of its nodes, in graph order). Emptied groups stay, empty. Groups of
+    reshapes alone stay: the executor runs them as views, which costs nothing at all."""
+    for k, group in enumerate(groups):
+        if (not group or any(op_kind(n.op) != "layout" for n in group)
+                or all(n.op == "reshape" for n in group)):
+            continue
+        inside = {n.output for n in group}
+        leaving = [n.output for n in group
+                   if n.output in graph_outputs or any(u.output not in inside for u in consumers.get(n.output, []))]
+        if len(leaving) != 1 or leaving[0] in graph_outputs:
+            continue
+        readers = consumers.get(leaving[0], [])
+        if len(readers) != 1 or op_kind(readers[0].op) != "anchor":
+            continue
+        target = group_of[readers[0].output]
+        if groups[target][0] is not readers[0] and op_kind(groups[target][0].op) != "layout":
+            continue  # the anchor is not the head of its group (never so today)
+        position = {n.output: i for i, n in enumerate(graph.nodes)}
+        groups[target] = sorted(group + groups[target], key=lambda n: position[n.output])
+        for n in group:
+            group_of[n.output] = target
+        groups[k] = []
 
 
 def _topological_groups(graph: Graph, groups: list[list[Node]],
@@ -234,8 +266,10 @@ def _make_subgraph(graph: Graph, nodes: list[Node], consumers: dict[str, list[No
                 [Node(n.op, list(n.inputs), dict(n.attrs), n.output, n.source) for n in nodes],
                 types, constants)
     sub.validate()
-    kind = op_kind(nodes[0].op)
-    return Subgraph(sub, kind, nodes[0].output if kind == "anchor" else None)
+    anchor = next((n for n in nodes if op_kind(n.op) == "anchor"), None)  # after any layout producers
+    if anchor is not None:
+        return Subgraph(sub, "anchor", anchor.output)
+    return Subgraph(sub, op_kind(nodes[0].op))
 
 
 def unique_tasks(subgraphs: list[Subgraph]) -> list[tuple[str, Subgraph, int]]:
