@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 CHILD = r"""
 import json, statistics, sys, time

@@ -125,9 +125,9 @@ def _header(model: "CompiledModel", prefix: str) -> str:
             lines.append(f"/*   {what} {k}: {_C_TYPES[dtype]} [{dims}] ({name!r}) */")
         lines.append(f"#define {prefix.upper()}_NUM_{what.upper()}S {len(names)}")
     lines += ["", f"typedef struct {prefix}_model {prefix}_model;", "",
-              f"/* Allocates the buffers and packs the weights; NULL when out of memory. */",
+              "/* Allocates the buffers and packs the weights; NULL when out of memory. */",
               f"{prefix}_model* {prefix}_create(void);",
-              f"/* Runs the model: inputs[k] and outputs[k] point to the arrays listed above. */",
+              "/* Runs the model: inputs[k] and outputs[k] point to the arrays listed above. */",
               f"void {prefix}_run({prefix}_model* model, const void* const* inputs, void* const* outputs);",
               f"void {prefix}_destroy({prefix}_model* model);", "",
               "#ifdef __cplusplus", "}", "#endif", f"#endif  /* {guard} */", ""]
