@@ -73,7 +73,9 @@ class Graph:
 
     def add_constant(self, value: Any, name: str | None = None, dtype: str | None = None) -> str:
         """Hold a weight (or a scalar operand) as a named constant and return its name."""
-        array = np.ascontiguousarray(np.asarray(value, dtype=dtype))
+        array = np.asarray(value, dtype=dtype)
+        if not array.flags.c_contiguous:  # (np.ascontiguousarray would make a scalar 1-d)
+            array = np.ascontiguousarray(array)
         name = name if name is not None else self.fresh_name("w")
         self._check_new(name)
         self.constants[name] = array
