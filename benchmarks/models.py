@@ -191,7 +191,8 @@ def bench(name: str, args) -> dict:
         trials = args.trials_per_task * len(tasks.tasks)
         start = time.time()
         tune_model(tasks, trials=trials, database=args.database, scheduler=args.scheduler, seed=args.seed,
-                   time_budget=args.time_budget, progress=not args.quiet, callback=curve)
+                   time_budget=args.time_budget, progress=not args.quiet, callback=curve,
+                   measures_per_round=args.per_round)
         print(f"tuned {name} in {time.time() - start:.0f} s", flush=True)
     compiled = ansor.build(graph, database=args.database)
     print(compiled.summary(), flush=True)
@@ -242,6 +243,8 @@ def bench(name: str, args) -> dict:
     if curve is not None:
         row["curve"] = curve.points
         row["scheduler"] = args.scheduler
+        row["trials_per_task"] = args.trials_per_task
+        row["per_round"] = args.per_round
     return row
 
 
@@ -253,6 +256,8 @@ def main() -> None:
                         help="tune first: this many trials times the number of distinct tasks (default 0)")
     parser.add_argument("--scheduler", default="gradient", choices=["gradient", "round-robin"])
     parser.add_argument("--time-budget", type=float, default=None, help="seconds of tuning per model")
+    parser.add_argument("--per-round", type=int, default=None,
+                        help="programs per round (default: tune_model's, min(64, trials per task))")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--no-inductor", action="store_true", help="skip torch.compile (slow to compile)")

@@ -27,13 +27,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", help="JSON lines written by benchmarks/models.py --json (rows with a curve)")
     parser.add_argument("--model", default="resnet18")
+    parser.add_argument("--per-round", type=int, default=None, help="only runs with this --per-round")
     parser.add_argument("--out", default="scheduler_curve.png")
     args = parser.parse_args()
     curves = {}
     with open(args.runs) as f:
         for line in f:
             row = json.loads(line)
-            if row.get("model") == args.model and row.get("curve"):
+            if (row.get("model") == args.model and row.get("curve")
+                    and (args.per_round is None or row.get("per_round") == args.per_round)):
                 curves[row["scheduler"]] = [(t, l) for t, l in row["curve"] if math.isfinite(l)]
     if not curves:
         raise SystemExit(f"no tuning curve of {args.model} in {args.runs}")
