@@ -421,13 +421,12 @@ def cmd_run_model(args) -> int:
 
     import ansor
     from ansor.baselines import time_in_turns
+    from ansor.database import Database
     from ansor.graph.reference import run_graph
     from ansor.report import comparison_table, console
 
     graph = _load_model(args.model)
     db_path = args.database or str(ansor.default_database_path())
-    from ansor.database import Database
-
     with Database(db_path, create=False) as db:
         compiled = ansor.build(graph, database=db)
     console.print(compiled.summary())

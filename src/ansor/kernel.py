@@ -129,7 +129,7 @@ class Kernel:
         """A zero-argument call of the kernel on fixed buffers (inputs in the task's order, then
         outputs), for executors that plan their memory once: the constants are packed now, from
         the buffers as they are, and the pointers are computed once, so a call costs one
-        foreign-function call. The caller keeps the buffers alive and in place."""
+        foreign-function call. The call holds the buffers (the caller must not resize them)."""
         if len(buffers) != len(self.task.inputs) + len(self.task.outputs):
             raise TypeError(f"call_on: kernel {self.task.name!r} takes {len(self.task.inputs)} inputs and "
                             f"{len(self.task.outputs)} outputs, got {len(buffers)} buffers")
