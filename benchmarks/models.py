@@ -153,29 +153,11 @@ def onnxruntime_session(module, inputs):
     return lambda: session.run(None, feed)
 
 
-def time_in_turns(fns: dict, rounds: int, min_seconds: float = 0.3) -> dict[str, tuple[float, float]]:
-    """name -> (median seconds per call, spread (max-min)/median) over `rounds` rounds in turns."""
-    numbers = {}
-    for name, fn in fns.items():
-        fn()
-        start = time.perf_counter()
-        fn()
-        one = max(time.perf_counter() - start, 1e-6)
-        numbers[name] = max(1, int(min_seconds / one))
-    runs: dict[str, list[float]] = {n: [] for n in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(numbers[name]):
-                fn()
-            runs[name].append((time.perf_counter() - start) / numbers[name])
-    return {n: (statistics.median(r), (max(r) - min(r)) / statistics.median(r)) for n, r in runs.items()}
-
-
 def bench(name: str, args) -> dict:
     import torch
 
     import ansor
+    from ansor.baselines import time_in_turns
     from ansor.graph.model_tasks import extract_tasks
     from ansor.graph.tuning import tune_model
 
@@ -221,7 +203,7 @@ def bench(name: str, args) -> dict:
     ort = onnxruntime_session(module, inputs)
     if ort is not None:
         fns["onnxruntime"] = ort
-    timings = time_in_turns(fns, args.rounds)
+    timings = {name: (t.median, t.spread) for name, t in time_in_turns(fns, args.rounds, min_repeat_s=0.3).items()}
     base = timings["ansor"][0]
     print(f"{name}: ansor max error {err:.1e} of the output RMS; timed in turns, {args.rounds} rounds "
           f"(ratio = other / ansor, above 1: ansor faster)")

@@ -35,6 +35,31 @@ def assert_close(actual: np.ndarray, expected: np.ndarray, what: str = "") -> No
                                atol=ATOL_UNIT * scale, err_msg=what)
 
 
+def rel_err(got, want) -> float:
+    """Max abs difference relative to the RMS of `want` (1 where that is 0): the error measure
+    of whole-model and graph checks, where a per-element tolerance would be set by outliers."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    rms = float(np.sqrt(np.mean(np.square(want)))) or 1.0
+    return float(np.max(np.abs(got - want))) / rms
+
+
+def tiled_matmul() -> tuple[ansor.Task, ansor.State]:
+    """matmul 32x40x64 with a 4 x 16 cache-write tile computed at the output's tile loop: k
+    outermost in the tile, columns vectorized (a register tile for the CPU's lowering passes)."""
+    A = te.placeholder((32, 40), name="A")
+    B = te.placeholder((40, 64), name="B")
+    task = ansor.Task([A, B, te.ops.matmul(A, B)])
+    s = ansor.State(task.dag)
+    cache = s.cache_write("matmul", "local")
+    s.split("matmul", "i", [4])
+    s.split("matmul", "j", [16])
+    s.reorder("matmul", ["i.0", "j.0", "i.1", "j.1"])
+    s.compute_at(cache, "matmul", "j.0")
+    s.reorder("matmul.local", ["k", "i", "j"])
+    s.annotate("matmul.local", "j", "vectorize")
+    return task, s
+
+
 def random_inputs(task: ansor.Task, seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [rng.uniform(-1.0, 1.0, size=t.shape).astype(t.dtype) for t in task.inputs]

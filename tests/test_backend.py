@@ -7,31 +7,14 @@ import pytest
 
 import ansor
 from ansor import backend as backends
-from ansor import te
 from ansor.backend import Backend, Capabilities, backend_for, lower_for
 from ansor.backend import generate_source
 from ansor.kernel import compile_state
 from ansor.lower import ir
 from ansor.lower.lower import lower
-from helpers import assert_close, random_inputs
+from helpers import assert_close, random_inputs, tiled_matmul
 
 AVX2 = ansor.Target("cpu", "avx2", 2, 32, 64)
-
-
-def tiled_matmul() -> tuple[ansor.Task, ansor.State]:
-    """A 4 x 16 accumulator tile computed at the output's tile loop, columns vectorized."""
-    A = te.placeholder((32, 40), name="A")
-    B = te.placeholder((40, 64), name="B")
-    task = ansor.Task([A, B, te.ops.matmul(A, B)])
-    s = ansor.State(task.dag)
-    cache = s.cache_write("matmul", "local")
-    s.split("matmul", "i", [4])
-    s.split("matmul", "j", [16])
-    s.reorder("matmul", ["i.0", "j.0", "i.1", "j.1"])
-    s.compute_at(cache, "matmul", "j.0")
-    s.reorder("matmul.local", ["k", "i", "j"])
-    s.annotate("matmul.local", "j", "vectorize")
-    return task, s
 
 
 def test_the_cpu_backend_reads_its_capabilities_off_the_target():

@@ -17,6 +17,7 @@ from ansor.lower.lower import lower
 from ansor.search.sketch_policy import SketchPolicy
 from ansor.te import expr as E
 from ansor.workloads import make_task_tensors
+from helpers import tiled_matmul
 
 COL = {name: i for i, name in enumerate(FEATURE_NAMES)}
 
@@ -312,20 +313,7 @@ UNROLL_COLUMNS = {COL[n] for n in FEATURE_NAMES if n.startswith("unroll_")}
 
 def tiled_matmul_state() -> ansor.State:
     """matmul with a 4 x 16 cache-write tile: k outermost in the tile, j vectorized."""
-    from ansor import te
-
-    A = ansor.te.placeholder((32, 40), name="A")
-    B = ansor.te.placeholder((40, 64), name="B")
-    task = ansor.Task([A, B, te.ops.matmul(A, B)])
-    s = ansor.State(task.dag)
-    cache = s.cache_write("matmul", "local")
-    s.split("matmul", "i", [4])
-    s.split("matmul", "j", [16])
-    s.reorder("matmul", ["i.0", "j.0", "i.1", "j.1"])
-    s.compute_at(cache, "matmul", "j.0")
-    s.reorder("matmul.local", ["k", "i", "j"])
-    s.annotate("matmul.local", "j", "vectorize")
-    return s
+    return tiled_matmul()[1]
 
 
 def test_a_register_tile_counts_its_rows_as_unrolled():

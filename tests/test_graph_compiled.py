@@ -16,14 +16,9 @@ import pytest
 
 import ansor
 from ansor.graph.memory_plan import PlannedStep, plan_memory
+from helpers import rel_err
 
 TOLERANCE = 1e-3
-
-
-def rel_err(got, want) -> float:
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    rms = float(np.sqrt(np.mean(np.square(want)))) or 1.0
-    return float(np.max(np.abs(got - want))) / rms
 
 
 # ------------------------------------------------------------------------------ memory plan

@@ -17,15 +17,10 @@ from ansor.graph.ir import Graph
 from ansor.graph.partition import op_kind, partition, unique_tasks
 from ansor.graph.reference import run_graph
 from ansor.graph.to_te import lower_subgraph
+from helpers import rel_err
 
 PASS_TOLERANCE = 1e-5
 TASK_TOLERANCE = 1e-4
-
-
-def rel_err(got: np.ndarray, want: np.ndarray) -> float:
-    want = np.asarray(want, dtype=np.float64)
-    rms = float(np.sqrt(np.mean(np.square(want)))) or 1.0
-    return float(np.max(np.abs(np.asarray(got, dtype=np.float64) - want))) / rms
 
 
 def assert_same_function(before: Graph, after: Graph, inputs: list[np.ndarray]) -> None:

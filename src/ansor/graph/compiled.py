@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -66,7 +67,7 @@ class CompiledModel:
                                               [o for o in g.outputs if o in g.types])
         self._storage = [aligned_empty((max(size, 1),), np.uint8) for size in self.memory.sizes]
         self._values: dict[str, np.ndarray] = {name: self._view(name) for name in self.memory.storage}
-        self._values.update({name: arr for name, arr in g.constants.items()})
+        self._values.update(g.constants)
         self.steps: list[Step] = [self._make_step(p) for p in tasks.pieces]
         self._runs = [s.run for s in self.steps if s.kind != "view"]
 
@@ -109,11 +110,8 @@ class CompiledModel:
             if not np.can_cast(array.dtype, t.dtype, casting="same_kind"):
                 raise TypeError(f"input {name!r}: expected dtype {t.dtype}, got {array.dtype}")
             np.copyto(self._values[name], array, casting="same_kind")
-        if self.tasks.fallbacks:
-            with single_threaded_blas():  # no BLAS workers left spinning on the kernels' cores
-                for run in self._runs:
-                    run()
-        else:
+        # numpy steps hold the BLAS to one thread: no BLAS workers left spinning on the kernels' cores
+        with single_threaded_blas() if self.tasks.fallbacks else nullcontext():
             for run in self._runs:
                 run()
         results = [np.array(self._values[o]) for o in g.outputs]  # copies: the next call reuses the buffers

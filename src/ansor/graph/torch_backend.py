@@ -40,15 +40,15 @@ def ansor_backend(gm: Any, example_inputs: Sequence[Any], options: dict | None =
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     weight_positions = [i for i, (node, x) in enumerate(zip(placeholders, example_inputs))
                         if isinstance(x, torch.nn.Parameter) or any(m in node.name for m in _WEIGHT_MARKERS)]
+    activation_positions = [i for i in range(len(example_inputs)) if i not in set(weight_positions)]
     try:
-        compiled = _compile(gm, example_inputs, weight_positions, database, trials, verbose)
+        compiled = _compile(gm, example_inputs, weight_positions, activation_positions, database, trials, verbose)
     except Exception as err:  # anything the importer or builder cannot take runs in PyTorch
         if verbose:
             print(f"ansor: a graph of {len(gm.graph.nodes)} nodes runs in PyTorch: {err}", file=sys.stderr)
         return gm.forward
     weights = [example_inputs[i] for i in weight_positions]
     versions = [w._version for w in weights]
-    activation_positions = [i for i in range(len(example_inputs)) if i not in set(weight_positions)]
     told = set()
 
     def run(*args: Any):
@@ -68,14 +68,13 @@ def ansor_backend(gm: Any, example_inputs: Sequence[Any], options: dict | None =
     return run
 
 
-def _compile(gm: Any, example_inputs: Sequence[Any], weight_positions: list[int], database: Any,
-             trials: int, verbose: bool):
+def _compile(gm: Any, example_inputs: Sequence[Any], weight_positions: list[int],
+             activation_positions: list[int], database: Any, trials: int, verbose: bool):
     import torch
 
     import ansor
     from ansor.graph.torch_importer import from_torch
 
-    activation_positions = [i for i in range(len(example_inputs)) if i not in set(weight_positions)]
     if any(not isinstance(example_inputs[i], torch.Tensor) for i in activation_positions):
         raise TypeError("a graph input is not a tensor (symbolic sizes or Python values)")
     module = _bound_weights_module(gm, example_inputs, weight_positions)
