@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import math
+
 import numpy as np
 
 import ansor
@@ -37,8 +39,17 @@ def assert_close(actual: np.ndarray, expected: np.ndarray, what: str = "") -> No
 
 def rel_err(got, want) -> float:
     """Max abs difference relative to the RMS of `want` (1 where that is 0): the error measure
-    of whole-model and graph checks, where a per-element tolerance would be set by outliers."""
+    of whole-model and graph checks, where a per-element tolerance would be set by outliers.
+    Infinities (masked attention scores) must sit where `want` has them, with the same sign;
+    the error is over the finite rest."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    finite = np.isfinite(want)
+    if not finite.all():
+        if not np.array_equal(got[~finite], want[~finite], equal_nan=True):
+            return math.inf
+        got, want = got[finite], want[finite]
+    if want.size == 0:
+        return 0.0
     rms = float(np.sqrt(np.mean(np.square(want)))) or 1.0
     return float(np.max(np.abs(got - want))) / rms
 

@@ -265,8 +265,11 @@ def test_bert_layer_partition(bert_layer):
     # attention output and feed-forward: a linear with the residual add fused in (the first one
     # also takes in the heads' merge, permute + reshape, as its producer)
     assert ops.count(["linear", "add"]) == 1 and ["permute", "reshape", "linear", "add"] in ops
-    # the heads' split (reshape + permute) of query, key and value join the attention op
-    assert ["reshape", "permute"] * 3 + ["scaled_dot_product_attention"] in ops
+    # attention in its pieces: the heads' split (reshape + permute) of query and key join the
+    # scores' matmul, whose epilogue scales and masks them; the softmax alone; the values'
+    # split joins the weighted sum
+    assert ["reshape", "permute", "reshape", "permute", "permute", "matmul", "mul", "where"] in ops
+    assert ["softmax"] in ops and ["reshape", "permute", "matmul"] in ops
     assert not any(op_kind(s.ops[0]) == "layout" and len(s.inputs) == 1 and s.ops[-1] == "permute"
                    for s in subs)
     assert ["embedding", "add", "add"] in ops  # token + position + type embeddings
@@ -372,6 +375,14 @@ def test_attention(mask):
     g = passes.fold_constants(g)  # the bool mask becomes a constant input of the attention
     subs, fell_back = check_tasks(g, inputs)
     assert fell_back == [] and [s.ops for s in subs] == [["scaled_dot_product_attention", "relu"]]
+    # as the tuner gets it: cut into scores (scale and mask as their epilogue), softmax and
+    # weighted sum, the same function, every piece lowered
+    pieces = passes.decompose_attention(g)
+    assert_same_function(g, pieces, inputs)
+    subs, fell_back = check_tasks(pieces, inputs)
+    epilogue = {"none": [], "causal": ["where"], "bool": ["where"], "float": ["add"]}[mask]
+    assert fell_back == [] and [s.ops for s in subs] == [
+        ["permute", "matmul", "mul", *epilogue], ["softmax"], ["matmul", "relu"]]
 
 
 def test_layout_ops():
