@@ -167,6 +167,36 @@ def test_compute_at_pad_into_conv(op_name, at, shape, builder):
     run_and_check(op, task, s, builder)
 
 
+def guarded_selects(stmt: ir.Stmt) -> int:
+    """How many stores of `stmt` hold a select (a bounds check) in their value."""
+    return sum(1 for x in ir.walk_stmts(stmt) if isinstance(x, ir.Store)
+               and any(isinstance(n, E.Select) for n in E.walk(x.value)))
+
+
+@pytest.mark.parametrize("lengths, at", [
+    ([4], "xx.0"),      # tiles of 4 columns: the first and last touch the padding
+    ([5], "xx.0"),      # 9 = 5 + 4: a partial last tile, guarded by an if
+    ([3], "xx.1"),      # a 3x3 window per output pixel
+    ([9], "xx.1"),
+])
+def test_padded_copy_runs_unguarded_inside_the_image(lengths, at, builder):
+    """The pad's bounds check is unswitched: the copy runs without it where the whole nest is
+    inside the image, with it at the border, and the output matches numpy either way."""
+    from ansor.backend import lower_for
+
+    op = OPERATORS["depthwise_conv2d"]
+    task = op.task()
+    s = ansor.State(task.dag)
+    s.split("depthwise_conv2d", "xx", lengths)
+    s.compute_at("depthwise_conv2d_pad", "depthwise_conv2d", at)
+    func = lower_for(s, task.target)
+    switched = [x for x in ir.walk_stmts(func.body) if isinstance(x, ir.Unswitched)]
+    assert switched
+    for node in switched:
+        assert guarded_selects(node.fast) == 0 and guarded_selects(node.slow) > 0
+    run_and_check(op, task, s, builder)
+
+
 def test_cache_write_buffer_is_the_tile(builder):
     task = gemm_relu_task()
     s = ansor.State(task.dag)

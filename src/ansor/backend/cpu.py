@@ -8,6 +8,7 @@ from ansor.codegen.cpu import print_c
 from ansor.lower import ir
 from ansor.lower.register_tile import form_register_tiles
 from ansor.lower.transposed_store import form_transposed_stores
+from ansor.lower.unswitch import unswitch_bounds_checks
 from ansor.measure import Builder, KernelLibrary, Runner
 from ansor.target import Target
 
@@ -25,11 +26,16 @@ def transposed_stores(func: ir.PrimFunc, caps: Capabilities) -> ir.PrimFunc:
     return form_transposed_stores(func, caps.vector_bytes)
 
 
+def unswitched_bounds_checks(func: ir.PrimFunc, caps: Capabilities) -> ir.PrimFunc:
+    return unswitch_bounds_checks(func)
+
+
 CPU = Backend(
     kind="cpu",
     language="c",
     capabilities_of=cpu_capabilities,
-    passes=(register_tiles, transposed_stores),  # tiles first: their nests are vector code already
+    # tiles first: their nests are vector code already; checks unswitched in the plain nests left
+    passes=(register_tiles, transposed_stores, unswitched_bounds_checks),
     printer=lambda func, caps: print_c(func),
     builder=Builder,
     loader=KernelLibrary,

@@ -259,6 +259,12 @@ class CLikePrinter:
             self.emit("}", depth)
         elif t is ir.Allocate:
             self.allocate(s, depth, in_parallel)
+        elif t is ir.Unswitched:
+            self.emit(f"if ({self.expr(s.cond)}) {{", depth)
+            self.stmt(s.fast, depth + 1, in_parallel)
+            self.emit("} else {", depth)
+            self.stmt(s.slow, depth + 1, in_parallel)
+            self.emit("}", depth)
         elif t is ir.Barrier and self.BARRIER is not None:
             self.emit(self.BARRIER, depth)
         else:

@@ -39,6 +39,8 @@ def unrolled_vector_loops(loop: ir.For) -> int:
             return inside(stmt.body)
         if t is ir.RegisterTile or t is ir.TransposedStore:
             return inside(stmt.nest)
+        if t is ir.Unswitched:
+            return inside(stmt.fast) + inside(stmt.slow)
         return 0
 
     try:

@@ -410,6 +410,8 @@ class _Extractor:
             if stmt.staging is not None:
                 self.visit(stmt.staging)
             self.visit(stmt.write)
+        elif t is ir.Unswitched:  # the nest as scheduled, its bounds checks included
+            self.visit(stmt.slow)
 
     def enter(self, loop: ir.For) -> _Loop:
         frame = _Loop(loop)

@@ -163,6 +163,19 @@ class TransposedStore(Stmt):
 
 
 @dataclass(eq=False)
+class Unswitched(Stmt):
+    """A loop nest whose bounds checks all pass wherever `cond` holds, run as `fast` (the
+    same nest with those checks removed) there and as `slow` (the nest as scheduled, itself
+    possibly unswitched further in) elsewhere: a padded copy runs unguarded inside the image
+    and guarded only at its border. Analyses that count work see `slow`, the program as
+    scheduled."""
+
+    cond: E.Expr
+    fast: Stmt
+    slow: Stmt
+
+
+@dataclass(eq=False)
 class PrimFunc:
     """One kernel: parameters (inputs then outputs) and a body."""
 
@@ -202,6 +215,9 @@ def walk_stmts(stmt: Stmt):
         if stmt.staging is not None:
             yield from walk_stmts(stmt.staging)
         yield from walk_stmts(stmt.write)
+    elif isinstance(stmt, Unswitched):
+        yield from walk_stmts(stmt.fast)
+        yield from walk_stmts(stmt.slow)
 
 
 def ir_to_str(stmt: Stmt, indent: int = 0) -> str:
@@ -235,4 +251,7 @@ def ir_to_str(stmt: Stmt, indent: int = 0) -> str:
         staged = "" if stmt.staging is None else ir_to_str(stmt.staging, indent + 1)
         return (f"{pad}transposed store ({stmt.lanes} lanes, groups of {stmt.group}):\n" + staged
                 + ir_to_str(stmt.write, indent + 1))
+    if isinstance(stmt, Unswitched):
+        return (f"{pad}if {expr_to_str(stmt.cond)}:  # in bounds throughout\n" + ir_to_str(stmt.fast, indent + 1)
+                + f"{pad}else:\n" + ir_to_str(stmt.slow, indent + 1))
     return f"{pad}<{type(stmt).__name__}>\n"
