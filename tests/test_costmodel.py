@@ -334,3 +334,37 @@ def test_prior_programs_of_other_tasks_train_the_model_before_any_own_data():
     assert model.last_fit_info["programs"] == 610
     with pytest.raises(ValueError):
         model.set_prior(prior_f[:2], prior_c[:3], prior_g[:2])
+
+
+# ------------------------------------------------------------------ a pretrained base
+
+
+def test_a_base_scores_at_once_and_fits_continue_from_it(trained):
+    """A model with a base (the package's pretrained trees) ranks before it has seen any program
+    of its task, and its first fit adds trees to the base's instead of starting over."""
+    base, test_f, test_c = trained
+    model = XGBModel(n_threads=1, base=base.booster)
+    assert model.trusted and model.pretrained and not _model().pretrained
+    np.testing.assert_allclose(model.predict(test_f), base.predict(test_f), rtol=1e-6)
+    new_f, new_c = _dataset(20, seed=7)
+    model.update(new_f, new_c, ["u"] * 20)  # 20 programs, far below the warm-up: a fit anyway
+    assert model.booster is not None
+    assert model.booster.num_boosted_rounds() > base.booster.num_boosted_rounds()
+    assert pairwise_accuracy(model.predict(test_f), 1.0 / np.asarray(test_c)) > 0.8
+
+
+def test_pretrained_model_loads_from_the_package_directory(trained, tmp_path, monkeypatch):
+    import ansor
+    from ansor.costmodel import pretrained
+
+    monkeypatch.setattr(pretrained, "PRETRAINED_DIR", tmp_path)
+    target = ansor.Target.host()
+    assert pretrained.load_pretrained(target) is None  # no model for this kind: None, no error
+    base, test_f, _ = trained
+    pretrained.save_pretrained(base, {"programs": 600})
+    assert pretrained.provenance() == {"programs": 600}
+    loaded = pretrained.load_pretrained(target)
+    assert loaded is not None and loaded.pretrained and loaded.booster is None
+    np.testing.assert_allclose(loaded.predict(test_f), base.predict(test_f), rtol=1e-6)
+    (tmp_path / "cpu.model.json").write_text("{not json")
+    assert pretrained.load_pretrained(target) is None  # damaged: ignored, tuning goes on without

@@ -46,13 +46,35 @@ def test_design_example_runs_as_written(tmp_path):
     assert kernel.record is not None and kernel.record.ok
 
 
-def test_build_without_records_uses_default_schedule(tmp_path):
+def test_build_without_records_can_use_the_default_schedule(tmp_path):
     task = matmul_task()
-    kernel = ansor.build(task, database=str(tmp_path / "empty.db"))
+    kernel = ansor.build(task, database=str(tmp_path / "empty.db"), quick_trials=0)
     a = np.random.rand(32, 16).astype("float32")
     b = np.random.rand(16, 24).astype("float32")
     np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-4, atol=1e-4)
     assert kernel.record is None
+    with Database(str(tmp_path / "empty.db")) as db:
+        assert db.count() == 0  # nothing measured
+
+
+def test_build_without_records_measures_a_few_model_ranked_programs(tmp_path):
+    """A workload nobody tuned: a quick search measures a few programs, records them, and the
+    kernel is the fastest of them; the next build finds the records and measures nothing."""
+    task = matmul_task()
+    db_path = str(tmp_path / "fresh.db")
+    kernel = ansor.build(task, database=db_path, quick_trials=4)
+    a = np.random.rand(32, 16).astype("float32")
+    b = np.random.rand(16, 24).astype("float32")
+    np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    with Database(db_path) as db:
+        assert 1 <= db.count(task.workload_key, task.target.key) <= 4
+        best = db.best(task.workload_key, task.target.key)[0]
+    assert kernel.record is not None and kernel.record.steps == best.steps
+    again = ansor.build(task, database=db_path, quick_trials=4)
+    with Database(db_path) as db:
+        assert db.count(task.workload_key, task.target.key) == db.count()  # one workload, no new runs
+        assert db.count() <= 4
+    assert again.record.steps == best.steps
 
 
 def test_resumed_run_does_not_remeasure(tmp_path):

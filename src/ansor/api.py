@@ -12,7 +12,7 @@ from ansor.graph.compiled import CompiledModel, build_model
 from ansor.graph.ir import Graph
 from ansor.graph.tuning import tune_model
 from ansor.kernel import Kernel
-from ansor.kernel import build as build_kernel
+from ansor.quick import build_task
 from ansor.tuner import tune as tune_tasks
 
 
@@ -25,8 +25,9 @@ def tune(what: Any, *args: Any, **kwargs: Any):
 
 
 def build(what: Any, *args: Any, **kwargs: Any) -> Kernel | CompiledModel:
-    """A Task's best recorded program as a Kernel (see `ansor.kernel.build`), or a model graph
-    compiled with its tasks' best records as a CompiledModel (see `graph.compiled.build_model`)."""
+    """A Task's best recorded program as a Kernel (with no record, the best of a quick
+    model-guided search: see `ansor.quick.build_task`), or a model graph compiled with its tasks'
+    best records as a CompiledModel (see `graph.compiled.build_model`)."""
     if isinstance(what, Graph):
         return build_model(what, *args, **kwargs)
-    return build_kernel(what, *args, **kwargs)
+    return build_task(what, *args, **kwargs)

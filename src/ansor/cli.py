@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--transfer-programs", type=int, default=TUNE_DEFAULTS["transfer_programs"],
                       help="measured programs of the database's other workloads the cost model starts "
                            f"from; 0: learn from this workload alone (default {TUNE_DEFAULTS['transfer_programs']})")
+    tune.add_argument("--no-pretrained", action="store_true",
+                      help="the cost model starts without the package's pretrained model (default: with it)")
     tune.add_argument("--no-baseline", action="store_true",
                       help="skip the numpy/PyTorch comparison (default: compare)")
     tune.add_argument("--quiet", action="store_true", help="no progress bar (default: show it)")
@@ -300,7 +302,8 @@ def cmd_tune(args) -> int:
         with terminate_as_interrupt():
             result = ansor.tune(task, trials=args.trials, database=db_path, seed=args.seed, policy=args.policy,
                                 timeout=args.timeout, measures_per_round=args.per_round, progress=not args.quiet,
-                                transfer_programs=args.transfer_programs, time_budget=args.time_budget)
+                                transfer_programs=args.transfer_programs, time_budget=args.time_budget,
+                                pretrained=not args.no_pretrained)
             return _tune_report(args, task, result, db_path)
     except KeyboardInterrupt as exc:
         partial = getattr(exc, "results", None)

@@ -55,9 +55,12 @@ class TuneProgress(TuningCallback):
             self.note(tuner, f"resuming: {res.prior_records} records of this workload in the database"
                              + (f", best {best_text(res)}" if res.best_cost < math.inf else ""))
         model = getattr(tuner.policy, "cost_model", None)
+        base = " and the pretrained model" if model is not None and model.pretrained else ""
         if model is not None and model.num_prior:
             self.note(tuner, f"cost model starts from {model.num_prior} measured programs of other "
-                             f"workloads in the database")
+                             f"workloads in the database{base}")
+        elif base:
+            self.note(tuner, "cost model starts from the pretrained model")
         if self.live:
             self._row(tuner)
 

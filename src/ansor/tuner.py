@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ansor.callbacks import RecordToDatabase, RoundCallback, TuningCallback
 from ansor.costmodel.model import CostModel
@@ -25,7 +25,7 @@ from ansor.task import Task
 from ansor.task_tuner import TaskTuner, TuneResult, spread
 
 __all__ = ["TUNE_DEFAULTS", "POLICIES", "TuneResult", "tune", "transfer_model", "make_policy",
-           "open_database", "model_path"]
+           "open_database", "model_path", "shared_cost_model"]
 
 TUNE_DEFAULTS = {
     "measures_per_round": 64,  # programs compiled and measured per round (the batch)
@@ -34,6 +34,8 @@ TUNE_DEFAULTS = {
                                # the fastest of many noisy measurements is often a lucky one
     "transfer_programs": 4000, # measured programs of the database's other workloads (same target)
                                # that the cost model starts from; 0: learn from the job's tasks alone
+    "pretrained": True,        # fits continue from the package's pretrained model (when it has one
+                               # for the target's kind)
 }
 MIN_TRANSFER_PROGRAMS = 64     # fewer than this: not worth starting from
 
@@ -70,10 +72,12 @@ def make_policy(policy: str | SearchPolicy, task: Task, seed: int | None,
     raise ValueError(f"unknown search policy {policy!r}; available: {', '.join(POLICIES)}")
 
 
-def transfer_model(tasks: Task | Sequence[Task], db: Database, seed: int | None, max_programs: int):
+def transfer_model(tasks: Task | Sequence[Task], db: Database, seed: int | None, max_programs: int,
+                   base: Any = None):
     """An XGBModel that has learned from the database's workloads other than `tasks`' on their
-    target (at most `max_programs` programs, the most recent of each workload in equal shares);
-    None when there are fewer than MIN_TRANSFER_PROGRAMS."""
+    target (at most `max_programs` programs, the most recent of each workload in equal shares),
+    continuing from the `base` booster if given; None when there are fewer than
+    MIN_TRANSFER_PROGRAMS."""
     from ansor.costmodel.dataset import load_dataset
     from ansor.costmodel.model import XGBModel
 
@@ -86,18 +90,22 @@ def transfer_model(tasks: Task | Sequence[Task], db: Database, seed: int | None,
                         max_per_workload=max(1, max_programs // len(others)))
     if len(data.costs) < MIN_TRANSFER_PROGRAMS:
         return None
-    model = XGBModel(seed=seed if seed is not None else 43)
+    model = XGBModel(seed=seed if seed is not None else 43, base=base)
     model.set_prior(data.features, data.costs, data.groups)
     return model
 
 
-def _shared_cost_model(tasks: Sequence[Task], db: Database, seed: int | None,
-                       transfer_programs: int) -> CostModel:
-    """The one model of a target's tasks: from the database's other workloads, else the model
-    saved beside the database by the last job, else a fresh one."""
+def shared_cost_model(tasks: Sequence[Task], db: Database, seed: int | None,
+                       transfer_programs: int, pretrained: bool = True) -> CostModel:
+    """The one model of a target's tasks: from the database's other workloads (continuing from
+    the pretrained model), else the model saved beside the database by the last job, else the
+    pretrained model, else a fresh one."""
     from ansor.costmodel.model import XGBModel
+    from ansor.costmodel.pretrained import load_pretrained
 
-    model = transfer_model(tasks, db, seed, transfer_programs)
+    shipped = load_pretrained(tasks[0].target, seed if seed is not None else 43) if pretrained else None
+    base = shipped.base if shipped is not None else None
+    model = transfer_model(tasks, db, seed, transfer_programs, base=base)
     if model is not None:
         return model
     saved = model_path(db, tasks[0].target.key)
@@ -106,7 +114,7 @@ def _shared_cost_model(tasks: Sequence[Task], db: Database, seed: int | None,
             return XGBModel.load(saved)
         except (OSError, ValueError):
             pass  # an unreadable model is retrained from the records
-    return XGBModel(seed=seed if seed is not None else 43)
+    return shipped if shipped is not None else XGBModel(seed=seed if seed is not None else 43)
 
 
 def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | str | None = None,
@@ -118,7 +126,8 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
          transfer_programs: int = TUNE_DEFAULTS["transfer_programs"],
          time_budget: float | None = None, scheduler: str | TaskScheduler = "round-robin",
          callbacks: Sequence[TuningCallback] = (),
-         task_weights: Sequence[float] | None = None) -> TuneResult | list[TuneResult]:
+         task_weights: Sequence[float] | None = None,
+         pretrained: bool = TUNE_DEFAULTS["pretrained"]) -> TuneResult | list[TuneResult]:
     """Search for fast programs of one task, or of several tasks together.
 
     `trials` programs are measured in all (across the tasks); with `time_budget` (seconds) the
@@ -132,7 +141,8 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
 
     The full tuner's model first learns from up to `transfer_programs` measured programs of the
     database's other workloads on the same target, so that even the first batch is chosen by a
-    model rather than at random. `callback(result)` is called after every round.
+    model rather than at random; with `pretrained` (the default) its fits continue from the
+    package's pretrained model, which also ranks the first batch of a fresh database. `callback(result)` is called after every round.
     `task_weights` (one per task, default 1) say how often each task occurs in the whole model;
     the "gradient" scheduler minimises the sum of weight x latency.
     """
@@ -159,7 +169,7 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
     tuners: list[TaskTuner] = []
     try:
         tuners = _make_tuners(task_list, db, policy, seed, timeout, timing, progress, callback, callbacks,
-                              transfer_programs, trials, task_weights)
+                              transfer_programs, trials, task_weights, pretrained)
         _run(tuners, make_scheduler(scheduler, seed), trials, measures_per_round, deadline)
         for tuner in tuners:
             if tuner.result.trials and confirm_best > 0:
@@ -178,14 +188,14 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
 def _make_tuners(tasks: Sequence[Task], db: Database, policy: str | SearchPolicy, seed: int | None,
                  timeout: float, timing: TimingPolicy | None, progress: bool, callback,
                  callbacks: Sequence[TuningCallback], transfer_programs: int, trials: int,
-                 task_weights: Sequence[float] | None = None) -> list[TaskTuner]:
+                 task_weights: Sequence[float] | None = None, pretrained: bool = True) -> list[TaskTuner]:
     from ansor.report import TuneProgress
 
     models: dict[str, CostModel] = {}
     if policy == "sketch.xgb":
         for target_key in dict.fromkeys(t.target.key for t in tasks):
             same = [t for t in tasks if t.target.key == target_key]
-            models[target_key] = _shared_cost_model(same, db, seed, transfer_programs)
+            models[target_key] = shared_cost_model(same, db, seed, transfer_programs, pretrained)
     shared = [RecordToDatabase(db), *callbacks]
     if callback is not None:
         shared.append(RoundCallback(callback))

@@ -165,6 +165,11 @@ class CostModel(ABC):
         """Programs of other tasks the model started from (see `set_prior`)."""
         return 0
 
+    @property
+    def pretrained(self) -> bool:
+        """Whether the model starts from trees trained elsewhere (the package's model)."""
+        return False
+
     def set_prior(self, features: Sequence[np.ndarray], costs: Sequence[float], groups: Sequence[str]) -> None:
         """Learn from measured programs of other tasks before this job's own. Default: ignore
         them (a model that cannot transfer)."""
@@ -208,6 +213,11 @@ class XGBModel(CostModel):
     :meth:`set_prior` adds measured programs of *other* tasks: they are part of every fit,
     so the model ranks the new task's programs from its first batch on (throughputs are
     normalized per task, and what makes a loop nest fast transfers between tasks).
+
+    `base` is a booster trained elsewhere (the pretrained model of the package): it scores
+    programs before any fit, and every fit continues boosting from it, so the new trees learn
+    what the base gets wrong on this task's (and the prior's) programs rather than starting
+    over. No warm-up is needed with a base.
     """
 
     def __init__(
@@ -221,6 +231,7 @@ class XGBModel(CostModel):
         *,
         adaptive_training: bool = False,
         weight_floor: float = WEIGHT_FLOOR,
+        base: Any = None,
     ) -> None:
         import xgboost  # noqa: F401  (fail at construction, not at the first fit)
 
@@ -246,6 +257,7 @@ class XGBModel(CostModel):
             **self.user_params,
         }
         self.booster: Any = None  # xgboost.Booster once fit or loaded
+        self.base: Any = base     # xgboost.Booster every fit continues from (or None)
         self.n_features: int | None = None
         self.loaded = False
         self.last_fit_info: dict[str, Any] = {}
@@ -267,6 +279,10 @@ class XGBModel(CostModel):
     def num_prior(self) -> int:
         """Programs of other tasks given to :meth:`set_prior`."""
         return len(self._prior[1])
+
+    @property
+    def pretrained(self) -> bool:
+        return self.base is not None
 
     def set_prior(self, features: Sequence[np.ndarray], costs: Sequence[float], groups: Sequence[str]) -> None:
         """Learn from measured programs of other tasks (groups name their tasks), now and in
@@ -295,7 +311,7 @@ class XGBModel(CostModel):
         self._groups.extend(str(g) for g in groups)
 
         n = self.num_records
-        if (n < self.num_warmup_sample or n == 0) and not self.num_prior:
+        if (n < self.num_warmup_sample or n == 0) and not self.num_prior and self.base is None:
             return  # predictions stay random (or come from a loaded model) until past warm-up
         grew = n - self._last_train_size
         if self.adaptive_training and self.booster is not None and grew < self._last_train_size / 5:
@@ -344,6 +360,7 @@ class XGBModel(CostModel):
             early_stopping_rounds=self.early_stopping_rounds,
             evals_result=history,
             verbose_eval=False,
+            xgb_model=self.base,
         )
         best = getattr(booster, "best_iteration", None)
         if best is not None and best + 1 < booster.num_boosted_rounds():
@@ -364,8 +381,10 @@ class XGBModel(CostModel):
     @property
     def trusted(self) -> bool:
         """Whether predictions come from a trained booster (else they are random: warm-up)."""
-        return self.booster is not None and bool(
-            self.loaded or self.num_prior or self.num_records >= self.num_warmup_sample)
+        if self.booster is None:
+            return self.base is not None
+        return bool(self.loaded or self.num_prior or self.base is not None
+                    or self.num_records >= self.num_warmup_sample)
 
     def predict(self, features: Sequence[np.ndarray]) -> np.ndarray:
         n = len(features)
@@ -373,7 +392,8 @@ class XGBModel(CostModel):
         if self.trusted:
             scores = np.zeros(n, dtype=np.float64)
             if rows.shape[0]:
-                raw = self.booster.inplace_predict(rows, validate_features=False)
+                booster = self.booster if self.booster is not None else self.base
+                raw = booster.inplace_predict(rows, validate_features=False)
                 scores = _pack_sum(np.asarray(raw, dtype=np.float64), pack_ids, n)
         else:
             scores = self._rng.uniform(0.0, 1.0, n)

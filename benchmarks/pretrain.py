@@ -1,0 +1,257 @@
+"""The pretrained cost model: build its corpus, measure how it ranks unseen workloads, ship it.
+
+    # tune a corpus of workloads into a database (resumable: a rerun tops up what is missing)
+    python benchmarks/pretrain.py collect --database corpus.db --trials 64 --random 24
+    # leave-workloads-out evaluation, and the model that ships (into src/ansor/costmodel/pretrained)
+    python benchmarks/pretrain.py train --databases corpus.db models.db --folds 5 --install
+
+The corpus: the fused subgraphs of ResNet-18, MobileNet-V2 and a BERT layer (as `ansor tune`
+sees them), and operators of every family of the suite at random shapes. The suite's own
+shapes are never in it: they are the held-out workloads that `ansor.build` is judged on.
+
+`train` first scores the model on workloads it has not seen: the workloads are cut into
+folds, a model is trained on all folds but one and ranks the programs of the one left out
+(pairwise accuracy over pairs whose throughputs differ by more than the 5% noise margin, and
+recall of the true top 10 among the predicted top 10). Beside it, a model trained only on the
+workload's own records (half of them, scored on the other half) shows what tuning learns
+locally. Then it trains on everything and, with --install, writes the model and its
+provenance (commit, machine, workloads, programs, the scores above) into the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import ansor
+from ansor.costmodel.dataset import Dataset, load_dataset
+from ansor.costmodel.model import (NOISE_MARGIN, XGBModel, normalized_throughputs, pairwise_accuracy,
+                                   topk_recall)
+from ansor.database import Database
+from ansor.workloads import make_task
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+#: The shipped model is kept small: shallower trees, a bounded number of rounds.
+PRETRAIN_PARAMS = {"max_depth": 8, "eta": 0.1}
+PRETRAIN_ROUNDS = 300
+#: The suite's shapes (benchmarks/suite.py): held out of the corpus.
+HELD_OUT = {
+    ("matmul", (512, 512, 512)), ("matmul", (1024, 1024, 1024)), ("batch_matmul", (12, 128, 128, 64)),
+    ("conv2d", (1, 64, 56, 56, 64, 3, 3)), ("conv2d", (1, 256, 14, 14, 256, 3, 3)),
+    ("conv2d", (1, 3, 224, 224, 64, 7, 7)), ("depthwise_conv2d", (1, 128, 56, 56, 3, 3)),
+    ("conv2d_transpose", (1, 512, 4, 4, 256, 4, 4)), ("norm2", (1024, 1024)), ("softmax", (1536, 128)),
+    ("layer_norm_gelu", (4096, 768)), ("matmul_bias_relu", (512, 512, 512)),
+    ("conv2d_bias_relu", (1, 64, 56, 56, 64, 3, 3)),
+}
+
+
+# ----------------------------------------------------------------------------- the corpus
+
+def random_workloads(n: int, seed: int) -> list[tuple[str, tuple, dict]]:
+    """`n` operators of the suite's families at random shapes (none of the suite's own)."""
+    rng = random.Random(seed)
+    pick = rng.choice
+    makers = [
+        lambda: ("matmul", (pick([64, 128, 256, 384, 768]), pick([64, 256, 512, 1000]), pick([64, 256, 576, 1024])), {}),
+        lambda: ("dense", (pick([1, 16, 64, 128]), pick([256, 768, 1024]), pick([256, 512, 768])), {}),
+        lambda: ("batch_matmul", (pick([4, 8, 16]), pick([64, 128, 256]), pick([64, 128]), pick([32, 64, 128])), {}),
+        lambda: ("matmul_bias_relu", (pick([128, 256]), pick([256, 384, 768]), pick([128, 512])), {}),
+        lambda: ("conv2d", (1, c := pick([16, 32, 48, 96, 128]), hw := pick([14, 28, 56]), hw, pick([32, 64, 128]),
+                            k := pick([1, 3]), k), {"padding": k // 2, "stride": pick([1, 1, 2])}),
+        lambda: ("conv2d_bias_relu", (1, pick([32, 64]), hw := pick([14, 28]), hw, pick([64, 128]), 3, 3),
+                 {"padding": 1}),
+        lambda: ("depthwise_conv2d", (1, pick([32, 64, 96, 240]), hw := pick([14, 28, 56, 112]), hw, 3, 3),
+                 {"padding": 1, "stride": pick([1, 2])}),
+        lambda: ("softmax", (pick([256, 512, 2048]), pick([64, 256, 512])), {}),
+        lambda: ("layer_norm", (pick([128, 512, 2048]), pick([256, 512, 1024])), {}),
+        lambda: ("layer_norm_gelu", (pick([128, 512, 1024]), pick([256, 768, 1024])), {}),
+        lambda: ("max_pool2d", (1, pick([32, 64]), hw := pick([28, 56]), hw, 3), {"stride": 2, "padding": 1}),
+        lambda: ("norm2", (pick([256, 512, 2048]), pick([256, 512])), {}),
+    ]
+    out, seen = [], set()
+    while len(out) < n:
+        name, shape, opts = makers[len(out) % len(makers)]()
+        if (name, shape) in HELD_OUT or (name, shape, tuple(sorted(opts.items()))) in seen:
+            continue
+        seen.add((name, shape, tuple(sorted(opts.items()))))
+        out.append((name, shape, opts))
+    return out
+
+
+def model_tasks(names: list[str]) -> list[ansor.Task]:
+    """The distinct tasks of the named models (`benchmarks/models.py`)."""
+    from models import make_model
+
+    from ansor.graph import from_torch
+    from ansor.graph.model_tasks import extract_tasks
+
+    tasks = []
+    for name in names:
+        module, inputs = make_model(name)
+        tasks += extract_tasks(from_torch(module.eval(), inputs)).tasks
+    return tasks
+
+
+def cmd_collect(args) -> None:
+    tasks = model_tasks(args.models.split(",")) if args.models else []
+    tasks += [make_task(name, shape, **opts) for name, shape, opts in random_workloads(args.random, args.seed)]
+    with Database(args.database) as db:
+        todo = [t for t in tasks if db.count(t.workload_key, t.target.key) < args.trials]
+        print(f"{len(tasks)} workloads in the corpus, {len(todo)} with fewer than {args.trials} records")
+        if todo:
+            # each task tuned on its own, from no other workload's records: the corpus should
+            # hold what a fresh search measures, not what a model that already knows picks
+            for i, task in enumerate(todo):
+                print(f"[{i + 1}/{len(todo)}] {task.name} {[tuple(t.shape) for t in task.inputs]}")
+                ansor.tune(task, trials=args.trials, database=db, transfer_programs=0, pretrained=False,
+                           seed=args.seed + i, progress=False)
+
+
+# ----------------------------------------------------------------------------- training
+
+def load_corpus(paths: list[str], target_key: str | None) -> tuple[Dataset, str]:
+    """All programs of one target in the databases, as one dataset (workloads keep their key)."""
+    data = Dataset()
+    for path in paths:
+        with Database(path, create=False) as db:
+            key = target_key or db.target_keys()[0]
+            part = load_dataset(db, key)
+        data.features += part.features
+        data.costs += part.costs
+        data.groups += part.groups
+        data.skipped += part.skipped
+        target_key = key
+    return data, target_key
+
+
+def fit(data: Dataset, idx, seed: int = 0) -> XGBModel:
+    model = XGBModel(num_warmup_sample=0, seed=seed, params=PRETRAIN_PARAMS, max_rounds=PRETRAIN_ROUNDS)
+    model.update([data.features[i] for i in idx], [data.costs[i] for i in idx], [data.groups[i] for i in idx])
+    return model
+
+
+def ranking_scores(pred, true, groups, k: int = 10) -> dict:
+    recalls = [topk_recall(pred[sel], true[sel], k)
+               for g in sorted(set(groups)) if (sel := np.array([x == g for x in groups])).sum() > k]
+    return {"pairwise_accuracy": pairwise_accuracy(pred, true, groups, margin=NOISE_MARGIN),
+            "top10_recall": float(np.mean(recalls)) if recalls else float("nan")}
+
+
+def evaluate(data: Dataset, folds: int, seed: int) -> dict:
+    """Leave-workloads-out scores of the pretrained model, and of models trained on each
+    held-out workload's own records, on the same test programs."""
+    truth = normalized_throughputs(data.costs, data.groups)
+    usable = np.array([f.shape[0] > 0 and np.isfinite(c) for f, c in zip(data.features, data.costs)])
+    workloads = sorted(set(data.groups))
+    random.Random(seed).shuffle(workloads)
+    rng = np.random.default_rng(seed)
+    pre_pred, own_pred, test_idx, rows = [], [], [], []
+    for f in range(folds):
+        held = set(workloads[f::folds])
+        train = [i for i in range(len(data.costs)) if usable[i] and data.groups[i] not in held]
+        model = fit(data, train, seed)
+        for wk in sorted(held):
+            idx = np.array([i for i in range(len(data.costs)) if usable[i] and data.groups[i] == wk])
+            if idx.size < 20:
+                continue
+            perm = rng.permutation(idx)
+            own_train, test = perm[: idx.size // 2], np.sort(perm[idx.size // 2:])
+            own = fit(data, own_train, seed)
+            p = model.predict([data.features[i] for i in test])
+            o = own.predict([data.features[i] for i in test])
+            pre_pred.append(p)
+            own_pred.append(o)
+            test_idx.append(test)
+            g = [wk] * test.size
+            rows.append({"workload": wk, "programs": int(idx.size),
+                         "pretrained": ranking_scores(p, truth[test], g),
+                         "own_records": ranking_scores(o, truth[test], g)})
+        print(f"fold {f + 1}/{folds}: {len(held)} workloads held out, trained on {len(train)} programs")
+    test = np.concatenate(test_idx)
+    groups = [data.groups[i] for i in test]
+    return {"folds": folds, "workloads": rows,
+            "pretrained": ranking_scores(np.concatenate(pre_pred), truth[test], groups),
+            "own_records": ranking_scores(np.concatenate(own_pred), truth[test], groups)}
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True, cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def machine() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cmd_train(args) -> None:
+    from ansor.costmodel.pretrained import save_pretrained
+
+    data, target_key = load_corpus(args.databases, args.target)
+    n_workloads = len(set(data.groups))
+    print(f"{len(data.costs)} programs of {n_workloads} workloads on {target_key} "
+          f"({data.skipped} records could not be replayed)")
+    scores = evaluate(data, args.folds, args.seed) if args.folds > 1 else None
+    if scores is not None:
+        for side in ("pretrained", "own_records"):
+            s = scores[side]
+            print(f"  {side:12s} pairwise accuracy beyond {round(100 * NOISE_MARGIN)}%: "
+                  f"{s['pairwise_accuracy']:.3f}, top-10 recall {s['top10_recall']:.3f}")
+    start = time.perf_counter()
+    usable = [i for i, (f, c) in enumerate(zip(data.features, data.costs)) if f.shape[0] > 0 and np.isfinite(c)]
+    model = fit(data, usable, args.seed)
+    print(f"final model: {model.last_fit_info.get('rounds')} rounds in {time.perf_counter() - start:.1f} s")
+    info = {"commit": commit(), "date": datetime.date.today().isoformat(), "machine": machine(),
+            "target": target_key, "workloads": n_workloads, "programs": len(usable),
+            "databases": [Path(p).name for p in args.databases], "params": PRETRAIN_PARAMS,
+            "rounds": model.last_fit_info.get("rounds"), "held_out_scores": scores}
+    if args.json:
+        Path(args.json).write_text(json.dumps(info, indent=2) + "\n")
+    if args.install:
+        path = save_pretrained(model, {k: v for k, v in info.items() if k != "held_out_scores"}
+                               | {"held_out_scores": None if scores is None else
+                                  {k: scores[k] for k in ("folds", "pretrained", "own_records")}})
+        print(f"installed {path} ({path.stat().st_size / 1e6:.1f} MB)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("collect", help="tune the corpus into a database")
+    c.add_argument("--database", default="corpus.db")
+    c.add_argument("--trials", type=int, default=64, help="programs per workload (default 64)")
+    c.add_argument("--models", default="resnet18,mobilenet_v2,bert_layer",
+                   help="models whose subgraphs join the corpus ('' for none)")
+    c.add_argument("--random", type=int, default=24, help="operators at random shapes (default 24)")
+    c.add_argument("--seed", type=int, default=0)
+    t = sub.add_parser("train", help="evaluate on held-out workloads, train, install")
+    t.add_argument("--databases", nargs="+", required=True)
+    t.add_argument("--target", default=None, help="target key (default: each database's first)")
+    t.add_argument("--folds", type=int, default=5, help="workload folds for the held-out scores (1: none)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--json", help="write the provenance and scores here too")
+    t.add_argument("--install", action="store_true", help="write the model into the package")
+    args = parser.parse_args()
+    {"collect": cmd_collect, "train": cmd_train}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""Good programs without tuning: a workload with no record gets a program the cost model chose.
+
+`ansor.build(task)` used to give a workload nobody had tuned a fixed default schedule, often
+tens of times slower than a tuned one. Now it runs one short search instead: the cost model
+(the package's pretrained model, continued on the database's other workloads when it has
+some) ranks candidates that a small evolutionary search proposes, the few best are compiled
+and measured (correctness checked, as always), recorded, and the fastest is built. A few
+seconds in all; the records make the next build (and a later `tune`) start from them.
+"""
+
+from __future__ import annotations
+
+from ansor.database import Database, open_database
+from ansor.kernel import Kernel
+from ansor.kernel import build as build_kernel
+from ansor.replay import replay_records
+from ansor.schedule.state import State
+from ansor.search.params import SearchParams
+from ansor.search.sketch_policy import SketchPolicy
+from ansor.task import Task
+from ansor.tuner import TUNE_DEFAULTS, shared_cost_model, tune
+
+#: Programs measured when a workload has no record (0: the plain default schedule instead).
+QUICK_TRIALS = 8
+#: A smaller evolutionary search than tuning's (2048 x 4): the model is all that guides it here,
+#: and the point is to answer in seconds.
+QUICK_SEARCH = SearchParams(evolutionary_search_population=512, evolutionary_search_num_iters=2,
+                            sample_init_min_population=32, eps_greedy=0.0)
+
+
+def has_record(task: Task, db: Database) -> bool:
+    """Whether the database holds a program of the task that replays."""
+    return any(True for _ in replay_records(db.best(task.workload_key, task.target.key, k=5), task.dag))
+
+
+def quick_search(task: Task, database: Database | str | None = None, trials: int = QUICK_TRIALS,
+                 seed: int = 0, progress: bool = False) -> None:
+    """Measure and record the `trials` programs the cost model ranks best (see the module)."""
+    db, owned = open_database(database)
+    try:
+        model = shared_cost_model([task], db, seed, TUNE_DEFAULTS["transfer_programs"])
+        policy = SketchPolicy(task, seed, params=QUICK_SEARCH, cost_model=model)
+        tune(task, trials=trials, database=db, policy=policy, measures_per_round=trials,
+             progress=progress, confirm_best=0)
+    finally:
+        if owned:
+            db.close()
+
+
+def build_task(task: Task, database: Database | str | None = None, state: State | None = None,
+               quick_trials: int = QUICK_TRIALS) -> Kernel:
+    """The task's fastest recorded program, compiled. With no record, a quick search of
+    `quick_trials` measured programs first (0: the untuned default schedule, nothing measured)."""
+    if state is not None:
+        return build_kernel(task, state=state)
+    if quick_trials < 0:
+        raise ValueError(f"quick_trials must be >= 0, got {quick_trials}")
+    db, owned = open_database(database)
+    try:
+        if quick_trials and not has_record(task, db):
+            quick_search(task, db, quick_trials)
+        return build_kernel(task, db)
+    finally:
+        if owned:
+            db.close()
