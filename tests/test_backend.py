@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -81,3 +84,34 @@ def test_a_kernel_built_through_the_backend_runs_its_register_tile(builder):
         assert_close(kernel(*inputs), a @ b)
     finally:
         kernel.close()
+
+
+def test_a_restricted_host_target_stands_for_a_smaller_machine(tmp_path):
+    """An AVX2, one-core target on this machine: its own records key, code for its ISA only
+    and parallel loops on one thread, with the same results."""
+    host = ansor.Target.host()
+    small = ansor.Target.host(isa="avx2" if host.isa != "generic" else "generic", num_cores=1)
+    assert small.num_cores == 1 and small.key != host.key
+    if host.isa == "generic":
+        pytest.skip("this CPU has no AVX2 to restrict to")
+    assert (small.vector_unit_bytes, small.compile_flags) == (32, ("-mno-avx512f",))
+    with pytest.raises(ValueError, match="num_cores"):
+        ansor.Target.host(num_cores=0)
+    with pytest.raises(ValueError, match="unknown CPU ISA"):
+        ansor.Target.host(isa="avx1024")
+    task, state = tiled_matmul()
+    state.annotate("matmul", "i.0", "parallel")
+    task.target = small
+    source, _ = generate_source(state, small)
+    assert "num_threads(1)" in source
+    kernel = compile_state(task, state)
+    inputs = random_inputs(task, 0)
+    assert_close(kernel(*inputs), inputs[0].astype(np.float64) @ inputs[1], "avx2 1c")
+    builder = backend_for(small).builder(small)
+    assert "-mno-avx512f" in builder.cflags
+    asm = tmp_path / "k.s"
+    (tmp_path / "k.c").write_text(source)
+    flags = [f for f in builder.cflags if f not in ("-shared", "-fPIC")]
+    subprocess.run([*shlex.split(builder.compiler), *flags, "-S", "-o", str(asm), str(tmp_path / "k.c")],
+                   check=True, capture_output=True)
+    assert "%zmm" not in asm.read_text() and "%ymm" in asm.read_text()

@@ -277,3 +277,27 @@ def test_a_resumed_tune_starts_the_measurer_from_the_database_best(tmp_path, mon
     monkeypatch.setattr(tuner_mod, "ProgramMeasurer", spy)
     ansor.tune(task, trials=1, database=db, progress=False, confirm_best=0)
     assert starts == [best]
+
+
+def test_transfer_from_another_target_measures_its_best_programs_first(tmp_path):
+    """Tuning for this machine from the records of the same machine restricted to one core:
+    the other target's best programs are the first measured here, and both targets' records
+    stay apart in the database."""
+    host = ansor.Target.host()
+    if host.num_cores < 2:
+        pytest.skip("needs two cores to restrict to one")
+    db_path = str(tmp_path / "two_targets.db")
+    one_core = ansor.Target.host(num_cores=1)
+    source = matmul_task()
+    ansor.tune(source, trials=8, target=one_core, database=db_path, progress=False, seed=0, confirm_best=0)
+    with Database(db_path) as db:
+        best_there = [r.state_key for r in db.best(source.workload_key, one_core.key, k=3)]
+    task = matmul_task()
+    ansor.tune(task, trials=4, database=db_path, progress=False, seed=1, confirm_best=0,
+               transfer_from=one_core)
+    with Database(db_path) as db:
+        here = db.records(task.workload_key, host.key)
+        assert len(here) == 4 and len(db.records(task.workload_key, one_core.key)) == 8
+    assert [r.state_key for r in here[:3]] == best_there
+    with pytest.raises(ValueError, match="names the target being tuned"):
+        ansor.tune(task, trials=1, database=db_path, progress=False, transfer_from=host.key)

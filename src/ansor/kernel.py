@@ -217,7 +217,7 @@ class _PackingEachCall:
 def compile_state(task: Task, state: State, record: Record | None = None,
                   builder: Builder | None = None) -> Kernel:
     source, fname = generate_source(state, task.target, _entry_name(task))
-    result = (builder or backend_for(task.target).builder()).compile_one(source)
+    result = (builder or backend_for(task.target).builder(task.target)).compile_one(source)
     if result.error_no != MeasureErrorNo.NO_ERROR or result.lib_path is None:
         raise RuntimeError(f"compiling {task.name!r} failed: {result.error_msg}")
     return Kernel(task, state, source, fname, result.lib_path, record)
@@ -244,7 +244,7 @@ def build_many(tasks: Sequence[Task], database: Database | str | None = None,
     results = {}
     for key in dict.fromkeys(t.target.key for t in tasks):  # one parallel build per target's compiler
         picked = [i for i, t in enumerate(tasks) if t.target.key == key]
-        target_builder = builder or backend_for(tasks[picked[0]].target).builder()
+        target_builder = builder or backend_for(tasks[picked[0]].target).builder(tasks[picked[0]].target)
         results.update(zip(picked, target_builder.build([sources[i][0] for i in picked])))
     kernels = []
     for i, task in enumerate(tasks):

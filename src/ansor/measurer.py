@@ -44,7 +44,7 @@ class ProgramMeasurer:
         self.one_repeat_factor = one_repeat_factor
         self.best_cost = best_cost  # seconds; the fastest checked program of this task so far
         backend = backend_for(task.target)
-        self.builder = builder or backend.builder()
+        self.builder = builder or backend.builder(task.target)
         self.runner = runner or backend.runner(timeout=timeout, timing=timing or TimingPolicy())
         self._owns_runner = runner is None
         self.seed = seed

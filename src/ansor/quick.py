@@ -34,11 +34,12 @@ def has_record(task: Task, db: Database) -> bool:
 
 
 def quick_search(task: Task, database: Database | str | None = None, trials: int = QUICK_TRIALS,
-                 seed: int = 0, progress: bool = False) -> None:
-    """Measure and record the `trials` programs the cost model ranks best (see the module)."""
+                 seed: int = 0, progress: bool = False, pretrained: bool = True) -> None:
+    """Measure and record the `trials` programs the cost model ranks best (see the module);
+    `pretrained=False` leaves the package's model out (for comparisons)."""
     db, owned = open_database(database)
     try:
-        model = shared_cost_model([task], db, seed, TUNE_DEFAULTS["transfer_programs"])
+        model = shared_cost_model([task], db, seed, TUNE_DEFAULTS["transfer_programs"], pretrained)
         policy = SketchPolicy(task, seed, params=QUICK_SEARCH, cost_model=model)
         tune(task, trials=trials, database=db, policy=policy, measures_per_round=trials,
              progress=progress, confirm_best=0)

@@ -22,17 +22,26 @@ class Target:
     warp_size: int = 0
 
     @classmethod
-    def host(cls) -> "Target":
-        """The CPU this process runs on."""
+    def host(cls, isa: str | None = None, num_cores: int | None = None) -> "Target":
+        """The CPU this process runs on; `isa` and `num_cores` restrict it (an AVX-512 machine
+        compiling for AVX2 only, one core of two) to stand for a smaller machine."""
         flags = _cpu_flags()
-        if "avx512f" in flags:
-            isa, vec = "avx512", 64
-        elif "avx2" in flags:
-            isa, vec = "avx2", 32
-        else:
-            isa, vec = "generic", 16
+        best = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "generic"
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        return cls("cpu", isa, cores, vec, 64)
+        if isa is None:
+            isa = best
+        if isa not in CPU_ISAS:
+            raise ValueError(f"unknown CPU ISA {isa!r}; known: {', '.join(CPU_ISAS)}")
+        if list(CPU_ISAS).index(isa) < list(CPU_ISAS).index(best):
+            raise ValueError(f"this CPU has no {isa} (its best is {best})")
+        if num_cores is not None and not 1 <= num_cores <= cores:
+            raise ValueError(f"num_cores must be between 1 and this machine's {cores}, got {num_cores}")
+        return cls("cpu", isa, num_cores or cores, CPU_ISAS[isa], 64)
+
+    @property
+    def compile_flags(self) -> tuple[str, ...]:
+        """Compiler flags (after -march=native) that keep code to the target's ISA."""
+        return _ISA_FLAGS.get(self.isa, ()) if self.kind == "cpu" else ()
 
     @classmethod
     def cuda(cls, shared_memory: int = 48 * 1024, max_threads: int = 1024) -> "Target":
@@ -55,6 +64,11 @@ class Target:
 
     def __str__(self) -> str:
         return self.key
+
+
+#: CPU instruction sets, widest first, with their vector width in bytes.
+CPU_ISAS = {"avx512": 64, "avx2": 32, "generic": 16}
+_ISA_FLAGS = {"avx2": ("-mno-avx512f",), "generic": ("-mno-avx",)}
 
 
 def _cpu_flags() -> set[str]:

@@ -12,10 +12,11 @@ import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from ansor.callbacks import TuningCallback
 from ansor.measurer import MeasureResult, ProgramMeasurer
+from ansor.schedule.state import State
 from ansor.search.policy import SearchPolicy
 from ansor.task import Task
 
@@ -66,6 +67,7 @@ class TaskTuner:
         self._exhausted = False
         self.rounds = 0
         self._cost_history: list[float] = []
+        self._candidates: list[State] = []  # measured before the policy's proposals
 
     # --- what a task scheduler reads (search.scheduler.TaskView) -------------------------------
     @property
@@ -121,6 +123,10 @@ class TaskTuner:
         for cb in self.callbacks:
             cb.on_result(self, r)
 
+    def add_candidates(self, states: Iterable[State]) -> None:
+        """Programs to measure first (another target's best, for instance), in order."""
+        self._candidates += list(states)
+
     def round(self, n: int, deadline: float | None = None) -> list[MeasureResult]:
         """Search up to n unmeasured programs, measure them (stopping at `deadline`, a
         `time.time()` value), and let the policy learn. An empty return with `exhausted` set
@@ -128,7 +134,13 @@ class TaskTuner:
         res = self.result
         self._phase(PHASE_SEARCHING)
         t0 = time.perf_counter()
-        states = self.policy.next_batch(n, self.measured_keys)
+        first, seen = [], set(self.measured_keys)
+        while self._candidates and len(first) < n:
+            state = self._candidates.pop(0)
+            if state.key() not in seen:
+                seen.add(state.key())
+                first.append(state)
+        states = first + (self.policy.next_batch(n - len(first), seen) if len(first) < n else [])
         t1 = time.perf_counter()
         res.search_seconds += t1 - t0
         if not states:

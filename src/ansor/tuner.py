@@ -18,6 +18,7 @@ from ansor.costmodel.model import CostModel
 from ansor.database import Database, open_database
 from ansor.measure import TimingPolicy, check_compiler
 from ansor.measurer import ProgramMeasurer
+from ansor.replay import replay_records
 from ansor.search.policy import SearchPolicy
 from ansor.search.scheduler import TaskScheduler, make_scheduler
 from ansor.target import Target
@@ -38,6 +39,7 @@ TUNE_DEFAULTS = {
                                # for the target's kind)
 }
 MIN_TRANSFER_PROGRAMS = 64     # fewer than this: not worth starting from
+TRANSFER_CANDIDATES = 8        # best programs of another target measured first (transfer_from)
 
 POLICIES = ("sketch.xgb", "sketch.random", "basic")
 
@@ -73,21 +75,28 @@ def make_policy(policy: str | SearchPolicy, task: Task, seed: int | None,
 
 
 def transfer_model(tasks: Task | Sequence[Task], db: Database, seed: int | None, max_programs: int,
-                   base: Any = None):
+                   base: Any = None, from_targets: Sequence[str] = ()):
     """An XGBModel that has learned from the database's workloads other than `tasks`' on their
     target (at most `max_programs` programs, the most recent of each workload in equal shares),
-    continuing from the `base` booster if given; None when there are fewer than
-    MIN_TRANSFER_PROGRAMS."""
-    from ansor.costmodel.dataset import load_dataset
+    and from every workload's records on the targets `from_targets` (keys; featurized as the
+    programs would run on the tasks' target), continuing from the `base` booster if given;
+    None when there are fewer than MIN_TRANSFER_PROGRAMS."""
+    from ansor.costmodel.dataset import Dataset, load_dataset
     from ansor.costmodel.model import XGBModel
 
     task_list = [tasks] if isinstance(tasks, Task) else list(tasks)
+    target = task_list[0].target
     own = {t.workload_key for t in task_list}
     others = [wk for wk in db.workload_keys() if wk not in own]
-    if max_programs <= 0 or not others:
-        return None
-    data = load_dataset(db, task_list[0].target.key, exclude_workloads=own,
-                        max_per_workload=max(1, max_programs // len(others)))
+    data = Dataset()
+    if max_programs > 0 and others:
+        data = load_dataset(db, target.key, exclude_workloads=own,
+                            max_per_workload=max(1, max_programs // len(others)), feature_target=target)
+    for key in from_targets:
+        part = load_dataset(db, key, feature_target=target, group_prefix=f"{key}/")
+        data.features += part.features
+        data.costs += part.costs
+        data.groups += part.groups
     if len(data.costs) < MIN_TRANSFER_PROGRAMS:
         return None
     model = XGBModel(seed=seed if seed is not None else 43, base=base)
@@ -96,7 +105,8 @@ def transfer_model(tasks: Task | Sequence[Task], db: Database, seed: int | None,
 
 
 def shared_cost_model(tasks: Sequence[Task], db: Database, seed: int | None,
-                       transfer_programs: int, pretrained: bool = True) -> CostModel:
+                       transfer_programs: int, pretrained: bool = True,
+                       from_targets: Sequence[str] = ()) -> CostModel:
     """The one model of a target's tasks: from the database's other workloads (continuing from
     the pretrained model), else the model saved beside the database by the last job, else the
     pretrained model, else a fresh one."""
@@ -105,7 +115,7 @@ def shared_cost_model(tasks: Sequence[Task], db: Database, seed: int | None,
 
     shipped = load_pretrained(tasks[0].target, seed if seed is not None else 43) if pretrained else None
     base = shipped.base if shipped is not None else None
-    model = transfer_model(tasks, db, seed, transfer_programs, base=base)
+    model = transfer_model(tasks, db, seed, transfer_programs, base=base, from_targets=from_targets)
     if model is not None:
         return model
     saved = model_path(db, tasks[0].target.key)
@@ -127,7 +137,8 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
          time_budget: float | None = None, scheduler: str | TaskScheduler = "round-robin",
          callbacks: Sequence[TuningCallback] = (),
          task_weights: Sequence[float] | None = None,
-         pretrained: bool = TUNE_DEFAULTS["pretrained"]) -> TuneResult | list[TuneResult]:
+         pretrained: bool = TUNE_DEFAULTS["pretrained"],
+         transfer_from: Target | str | Sequence[Target | str] = ()) -> TuneResult | list[TuneResult]:
     """Search for fast programs of one task, or of several tasks together.
 
     `trials` programs are measured in all (across the tasks); with `time_budget` (seconds) the
@@ -145,6 +156,11 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
     package's pretrained model, which also ranks the first batch of a fresh database. `callback(result)` is called after every round.
     `task_weights` (one per task, default 1) say how often each task occurs in the whole model;
     the "gradient" scheduler minimises the sum of weight x latency.
+
+    `transfer_from` names other targets (Targets or their keys: another machine whose records
+    were imported, the same machine restricted to AVX2 or to one core) whose records in the
+    database the job starts from: the cost model learns from all of them, and each task's
+    best programs there are measured first here.
     """
     single = isinstance(tasks, Task)
     task_list = [tasks] if single else list(tasks)
@@ -168,8 +184,9 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
     db, owned = open_database(database)
     tuners: list[TaskTuner] = []
     try:
+        sources = _target_keys(transfer_from, task_list)
         tuners = _make_tuners(task_list, db, policy, seed, timeout, timing, progress, callback, callbacks,
-                              transfer_programs, trials, task_weights, pretrained)
+                              transfer_programs, trials, task_weights, pretrained, sources)
         _run(tuners, make_scheduler(scheduler, seed), trials, measures_per_round, deadline)
         for tuner in tuners:
             if tuner.result.trials and confirm_best > 0:
@@ -188,14 +205,15 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
 def _make_tuners(tasks: Sequence[Task], db: Database, policy: str | SearchPolicy, seed: int | None,
                  timeout: float, timing: TimingPolicy | None, progress: bool, callback,
                  callbacks: Sequence[TuningCallback], transfer_programs: int, trials: int,
-                 task_weights: Sequence[float] | None = None, pretrained: bool = True) -> list[TaskTuner]:
+                 task_weights: Sequence[float] | None = None, pretrained: bool = True,
+                 from_targets: Sequence[str] = ()) -> list[TaskTuner]:
     from ansor.report import TuneProgress
 
     models: dict[str, CostModel] = {}
     if policy == "sketch.xgb":
         for target_key in dict.fromkeys(t.target.key for t in tasks):
             same = [t for t in tasks if t.target.key == target_key]
-            models[target_key] = shared_cost_model(same, db, seed, transfer_programs, pretrained)
+            models[target_key] = shared_cost_model(same, db, seed, transfer_programs, pretrained, from_targets)
     shared = [RecordToDatabase(db), *callbacks]
     if callback is not None:
         shared.append(RoundCallback(callback))
@@ -218,12 +236,25 @@ def _make_tuners(tasks: Sequence[Task], db: Database, policy: str | SearchPolicy
                 res.best_spread = spread(prior[0].costs)
             if tuner.measured_keys:
                 task_policy.preload(db.records(task.workload_key, task.target.key))
+            for key in from_targets:
+                tuner.add_candidates(state for _, state in replay_records(
+                    db.best(task.workload_key, key, k=TRANSFER_CANDIDATES), task.dag))
             tuner.start()
     except BaseException:
         for tuner in tuners:
             tuner.close()
         raise
     return tuners
+
+
+def _target_keys(targets: Target | str | Sequence[Target | str], tasks: Sequence[Task]) -> list[str]:
+    """The keys of `transfer_from`'s targets, none of them a task's own."""
+    items = [targets] if isinstance(targets, (Target, str)) else list(targets)
+    keys = [t.key if isinstance(t, Target) else str(t) for t in items]
+    own = {t.target.key for t in tasks}
+    if own & set(keys):
+        raise ValueError(f"tune: transfer_from names the target being tuned ({', '.join(own & set(keys))})")
+    return keys
 
 
 def _run(tuners: Sequence[TaskTuner], scheduler: TaskScheduler, trials: int, per_round: int,

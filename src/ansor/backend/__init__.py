@@ -30,6 +30,7 @@ class Capabilities:
     vector_bytes: int = 0             # width of a vector register (0: no vectors)
     vector_registers: int = 0         # architectural vector registers (a register tile must fit)
     parallel_loops: bool = False      # `parallel` loops run on several cores
+    threads: int = 0                  # ... on this many threads (0: the runtime's default)
     thread_binding: bool = False      # loops may be bound to blockIdx / vthread / threadIdx
     shared_memory_bytes: int = 0      # per block; 0: no `shared` buffer scope
     max_threads_per_block: int = 0
@@ -52,7 +53,7 @@ class Backend:
     capabilities_of: Callable[[Target], Capabilities]
     passes: tuple[LoweringPass, ...]                       # run in order on the lowered IR
     printer: Callable[[ir.PrimFunc, Capabilities], tuple[str, str]]  # -> (source, entry name)
-    builder: Callable[..., Any]     # makes a builder: `.build(sources)` -> libraries, cached
+    builder: Callable[..., Any]     # (target) -> a builder: `.build(sources)` -> libraries, cached
     loader: Callable[[str, str], Any]  # (library path, entry name) -> a kernel that follows the
                                        # calling convention (`measure.KernelLibrary`'s, on the CPU)
     runner: Callable[..., Any]      # makes a runner: checks and times built kernels in isolation

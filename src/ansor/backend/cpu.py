@@ -9,13 +9,20 @@ from ansor.lower import ir
 from ansor.lower.register_tile import form_register_tiles
 from ansor.lower.transposed_store import form_transposed_stores
 from ansor.lower.unswitch import unswitch_bounds_checks
-from ansor.measure import Builder, KernelLibrary, Runner
+from ansor.measure import DEFAULT_CFLAGS, Builder, KernelLibrary, Runner
 from ansor.target import Target
 
 
 def cpu_capabilities(target: Target) -> Capabilities:
     return Capabilities(vector_bytes=target.vector_unit_bytes, vector_registers=target.vector_registers,
-                        parallel_loops=True)
+                        parallel_loops=True, threads=target.num_cores)
+
+
+def cpu_builder(target: Target | None = None, **options) -> Builder:
+    """A builder whose flags keep the code to the target's ISA (an AVX2 target compiled on an
+    AVX-512 machine has no AVX-512 instruction)."""
+    flags = DEFAULT_CFLAGS + (target.compile_flags if target is not None else ())
+    return Builder(cflags=options.pop("cflags", flags), **options)
 
 
 def register_tiles(func: ir.PrimFunc, caps: Capabilities) -> ir.PrimFunc:
@@ -36,8 +43,8 @@ CPU = Backend(
     capabilities_of=cpu_capabilities,
     # tiles first: their nests are vector code already; checks unswitched in the plain nests left
     passes=(register_tiles, transposed_stores, unswitched_bounds_checks),
-    printer=lambda func, caps: print_c(func),
-    builder=Builder,
+    printer=lambda func, caps: print_c(func, caps.threads),
+    builder=cpu_builder,
     loader=KernelLibrary,
     runner=Runner,
 )

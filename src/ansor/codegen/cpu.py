@@ -78,6 +78,7 @@ class CPrinter(CLikePrinter):
     """C for gcc (or clang) with OpenMP, for the CPU backend."""
 
     HEADER = cpu_prelude.HEADER
+    threads = 0  # of parallel loops (0: OpenMP's default)
     BARRIER = "/* barrier: no-op on the CPU */"
     PRELUDE = CLikePrinter.PRELUDE + cpu_prelude.PIECES
 
@@ -88,7 +89,7 @@ class CPrinter(CLikePrinter):
 
     def loop_annotations(self, s: ir.For, in_parallel: bool) -> tuple[list[str], bool]:
         if s.kind == "parallel" and not in_parallel:
-            return ["#pragma omp parallel for"], True
+            return ["#pragma omp parallel for" + (f" num_threads({self.threads})" if self.threads else "")], True
         if s.kind == "vectorized" and not any(type(x) is ir.For for x in ir.walk_stmts(s.body)):
             return ["#pragma omp simd"], in_parallel
         if s.kind == "unrolled" or (s.unroll_hint and unrolled_vector_loops(s) <= MAX_UNROLLED_VECTOR_LOOPS):
@@ -247,8 +248,10 @@ class CPrinter(CLikePrinter):
         return self.prelude() + text
 
 
-def print_c(func: ir.PrimFunc) -> tuple[str, str]:
-    """(C source, entry function name) of a function the CPU's lowering passes have run on."""
+def print_c(func: ir.PrimFunc, threads: int = 0) -> tuple[str, str]:
+    """(C source, entry function name) of a function the CPU's lowering passes have run on;
+    parallel loops run on `threads` threads (0: OpenMP's default, all the cores)."""
     printer = CPrinter(func)
+    printer.threads = threads
     return printer.generate(), printer.fname
 

@@ -9,6 +9,7 @@ from typing import Collection
 import numpy as np
 
 from ansor.database import Database, pool_runs
+from ansor.target import Target
 
 
 @dataclass
@@ -20,11 +21,15 @@ class Dataset:
 
 
 def load_dataset(db: Database, target_key: str, exclude_workloads: Collection[str] = (),
-                 max_per_workload: int | None = None) -> Dataset:
+                 max_per_workload: int | None = None, feature_target: Target | None = None,
+                 group_prefix: str = "") -> Dataset:
     """One sample per program of the target whose workload can be rebuilt (every workload
     stored with its computation, and named workloads of older databases); workloads in
     `exclude_workloads` are left out, and at most `max_per_workload` programs (the most recent)
-    are kept of each."""
+    are kept of each. Features are those of the programs as they would run on `feature_target`
+    (default: this machine), which for records of another target is the target being tuned;
+    groups are the workload keys after `group_prefix` (throughputs are normalized per group,
+    so records of two targets are best kept apart)."""
     from ansor.costmodel.features import features_for_states
     from ansor.replay import ReplayError, replay, workload_dag
 
@@ -53,7 +58,7 @@ def load_dataset(db: Database, target_key: str, exclude_workloads: Collection[st
                 out.skipped += 1
                 continue
             costs.append(float(np.median(runs)) if runs else math.inf)
-        out.features += features_for_states(states)
+        out.features += features_for_states(states, target=feature_target)
         out.costs += costs
-        out.groups += [wk] * len(costs)
+        out.groups += [group_prefix + wk] * len(costs)
     return out

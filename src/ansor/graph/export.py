@@ -199,7 +199,8 @@ def _compile(model: "CompiledModel", sources: list[str], driver: str, tmp: Path,
     """Each kernel to an object of its own (their static helpers stay private), then the driver
     and the objects linked into one library."""
     targets = {k.task.target.key: k.task.target for k in model.kernels.values()}
-    builder = backend_for(next(iter(targets.values()))).builder()
+    target = next(iter(targets.values()))
+    builder = backend_for(target).builder(target)
     compiler = shlex.split(builder.compiler)
     flags = [f for f in builder.cflags if f != "-shared"]
     objects = []
