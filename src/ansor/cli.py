@@ -77,6 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--transfer-programs", type=int, default=TUNE_DEFAULTS["transfer_programs"],
                       help="measured programs of the database's other workloads the cost model starts "
                            f"from; 0: learn from this workload alone (default {TUNE_DEFAULTS['transfer_programs']})")
+    tune.add_argument("--isa", choices=["avx512", "avx2", "generic"], default=None,
+                      help="tune for this CPU's instruction set restricted to ISA (default: all it has)")
+    tune.add_argument("--cores", type=int, default=None,
+                      help="tune for this many of the CPU's cores (default: all of them)")
+    tune.add_argument("--transfer-from", action="append", default=[], metavar="TARGET_KEY",
+                      help="start from the records of another target in the database, e.g. "
+                           "cpu-x86_64-avx2-2c (repeatable; default: none)")
     tune.add_argument("--no-pretrained", action="store_true",
                       help="the cost model starts without the package's pretrained model (default: with it)")
     tune.add_argument("--no-baseline", action="store_true",
@@ -290,6 +297,8 @@ def cmd_tune(args) -> int:
     from ansor.report import console
 
     task = _task_from_args(args)
+    if args.isa is not None or args.cores is not None:
+        task.target = ansor.Target.host(isa=args.isa, num_cores=args.cores)
     if args.trials < 0:
         raise ValueError("--trials must be >= 0")
     if args.time_budget is not None and args.time_budget <= 0:
@@ -303,7 +312,7 @@ def cmd_tune(args) -> int:
             result = ansor.tune(task, trials=args.trials, database=db_path, seed=args.seed, policy=args.policy,
                                 timeout=args.timeout, measures_per_round=args.per_round, progress=not args.quiet,
                                 transfer_programs=args.transfer_programs, time_budget=args.time_budget,
-                                pretrained=not args.no_pretrained)
+                                pretrained=not args.no_pretrained, transfer_from=args.transfer_from)
             return _tune_report(args, task, result, db_path)
     except KeyboardInterrupt as exc:
         partial = getattr(exc, "results", None)
