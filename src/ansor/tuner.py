@@ -121,7 +121,9 @@ def shared_cost_model(tasks: Sequence[Task], db: Database, seed: int | None,
     saved = model_path(db, tasks[0].target.key)
     if saved is not None and saved.exists():
         try:
-            return XGBModel.load(saved)
+            restored = XGBModel.load(saved)
+            restored.base = base  # its later fits continue from the pretrained trees too
+            return restored
         except (OSError, ValueError):
             pass  # an unreadable model is retrained from the records
     return shipped if shipped is not None else XGBModel(seed=seed if seed is not None else 43)
@@ -153,7 +155,8 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
     The full tuner's model first learns from up to `transfer_programs` measured programs of the
     database's other workloads on the same target, so that even the first batch is chosen by a
     model rather than at random; with `pretrained` (the default) its fits continue from the
-    package's pretrained model, which also ranks the first batch of a fresh database. `callback(result)` is called after every round.
+    package's pretrained model, which also ranks the first batch of a fresh database.
+    `callback(result)` is called after every round.
     `task_weights` (one per task, default 1) say how often each task occurs in the whole model;
     the "gradient" scheduler minimises the sum of weight x latency.
 
