@@ -350,6 +350,8 @@ def test_a_base_scores_at_once_and_fits_continue_from_it(trained):
     model.update(new_f, new_c, ["u"] * 20)  # 20 programs, far below the warm-up: a fit anyway
     assert model.booster is not None
     assert model.booster.num_boosted_rounds() > base.booster.num_boosted_rounds()
+    assert model.last_fit_info["rounds"] == model.booster.num_boosted_rounds()
+    assert 0 <= model.last_fit_info["train_p_rmse"] < 1
     assert pairwise_accuracy(model.predict(test_f), 1.0 / np.asarray(test_c)) > 0.8
 
 

@@ -348,6 +348,7 @@ class XGBModel(CostModel):
             sums = _pack_sum(preds, pack_ids, n_programs)
             return "p-rmse", float(np.sqrt(np.mean(np.square(sums - y))))
 
+        base_rounds = self.base.num_boosted_rounds() if self.base is not None else 0
         dtrain = xgb.DMatrix(rows, label=row_y, weight=row_w, nthread=self.n_threads)
         history: dict[str, Any] = {}
         booster = xgb.train(
@@ -362,17 +363,18 @@ class XGBModel(CostModel):
             verbose_eval=False,
             xgb_model=self.base,
         )
-        best = getattr(booster, "best_iteration", None)
+        best = getattr(booster, "best_iteration", None)  # counts the base's rounds too
         if best is not None and best + 1 < booster.num_boosted_rounds():
             booster = booster[: best + 1]  # drop the rounds that did not improve tr-p-rmse
         self.booster = booster
         self.loaded = False
-        rmse = history.get("tr", {}).get("p-rmse", [])
+        rmse = history.get("tr", {}).get("p-rmse", [])  # this fit's rounds only
+        new_best = best - base_rounds if best is not None else -1
         self.last_fit_info = {
             "programs": int(n_programs),
             "rows": int(rows.shape[0]),
             "rounds": int(booster.num_boosted_rounds()),
-            "train_p_rmse": float(rmse[best if best is not None else -1]) if rmse else float("nan"),
+            "train_p_rmse": float(rmse[new_best]) if -len(rmse) <= new_best < len(rmse) else float("nan"),
             "seconds": time.perf_counter() - start,
         }
 
