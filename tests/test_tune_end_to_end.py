@@ -10,7 +10,7 @@ from ansor.tuner import TUNE_DEFAULTS
 from ansor import te
 from ansor.database import Database, DatabaseError
 from ansor.measure import MeasureErrorNo, TimingPolicy
-from ansor.search.basic import RandomSearchPolicy
+from ansor.search.basic import RandomSearchPolicy, default_schedule
 
 
 def matmul_task(M=32, N=24, K=16):
@@ -69,6 +69,8 @@ def test_build_without_records_measures_a_few_model_ranked_programs(tmp_path):
     with Database(db_path) as db:
         assert 1 <= db.count(task.workload_key, task.target.key) <= 4
         best = db.best(task.workload_key, task.target.key)[0]
+        measured = {r.state_key for r in db.records(task.workload_key, task.target.key)}
+    assert default_schedule(task).key() in measured  # never slower than the default schedule
     assert kernel.record is not None and kernel.record.steps == best.steps
     again = ansor.build(task, database=db_path, quick_trials=4)
     with Database(db_path) as db:

@@ -4,7 +4,8 @@
 tens of times slower than a tuned one. Now it runs one short search instead: the cost model
 (the package's pretrained model, continued on the database's other workloads when it has
 some) ranks candidates that a small evolutionary search proposes, the few best are compiled
-and measured (correctness checked, as always), recorded, and the fastest is built. A few
+and measured (correctness checked, as always) beside the default schedule, recorded, and the
+fastest is built. A few
 seconds in all; the records make the next build (and a later `tune`) start from them.
 """
 
@@ -15,6 +16,7 @@ from ansor.kernel import Kernel
 from ansor.kernel import build as build_kernel
 from ansor.replay import replay_records
 from ansor.schedule.state import State
+from ansor.search.basic import default_schedule
 from ansor.search.params import SearchParams
 from ansor.search.sketch_policy import SketchPolicy
 from ansor.task import Task
@@ -41,8 +43,9 @@ def quick_search(task: Task, database: Database | str | None = None, trials: int
     try:
         model = shared_cost_model([task], db, seed, TUNE_DEFAULTS["transfer_programs"], pretrained)
         policy = SketchPolicy(task, seed, params=QUICK_SEARCH, cost_model=model)
+        # the default schedule is one of the candidates: the quick build is never slower than it
         tune(task, trials=trials, database=db, policy=policy, measures_per_round=trials,
-             progress=progress, confirm_best=0)
+             progress=progress, confirm_best=0, first_programs=[default_schedule(task)])
     finally:
         if owned:
             db.close()

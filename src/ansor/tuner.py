@@ -19,6 +19,7 @@ from ansor.database import Database, open_database
 from ansor.measure import TimingPolicy, check_compiler
 from ansor.measurer import ProgramMeasurer
 from ansor.replay import replay_records
+from ansor.schedule.state import State
 from ansor.search.policy import SearchPolicy
 from ansor.search.scheduler import TaskScheduler, make_scheduler
 from ansor.target import Target
@@ -140,7 +141,8 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
          callbacks: Sequence[TuningCallback] = (),
          task_weights: Sequence[float] | None = None,
          pretrained: bool = TUNE_DEFAULTS["pretrained"],
-         transfer_from: Target | str | Sequence[Target | str] = ()) -> TuneResult | list[TuneResult]:
+         transfer_from: Target | str | Sequence[Target | str] = (),
+         first_programs: Sequence[State] = ()) -> TuneResult | list[TuneResult]:
     """Search for fast programs of one task, or of several tasks together.
 
     `trials` programs are measured in all (across the tasks); with `time_budget` (seconds) the
@@ -163,7 +165,8 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
     `transfer_from` names other targets (Targets or their keys: another machine whose records
     were imported, the same machine restricted to AVX2 or to one core) whose records in the
     database the job starts from: the cost model learns from all of them, and each task's
-    best programs there are measured first here.
+    best programs there are measured first here. `first_programs` (one task only) are measured
+    before anything the search proposes.
     """
     single = isinstance(tasks, Task)
     task_list = [tasks] if single else list(tasks)
@@ -177,6 +180,8 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
         raise ValueError("tune: task_weights must give one non-negative weight per task")
     if isinstance(policy, SearchPolicy) and not single:
         raise ValueError("tune: a policy object serves one task; give a policy name for several tasks")
+    if first_programs and not single:
+        raise ValueError("tune: first_programs are programs of one task; give one Task")
     if target is not None:
         for t in task_list:
             t.target = target
@@ -190,6 +195,8 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
         sources = _target_keys(transfer_from, task_list)
         tuners = _make_tuners(task_list, db, policy, seed, timeout, timing, progress, callback, callbacks,
                               transfer_programs, trials, task_weights, pretrained, sources)
+        if first_programs:
+            tuners[0].add_candidates(first_programs)
         _run(tuners, make_scheduler(scheduler, seed), trials, measures_per_round, deadline)
         for tuner in tuners:
             if tuner.result.trials and confirm_best > 0:
@@ -278,8 +285,6 @@ def _confirm_best(tuner: TaskTuner, db: Database, k: int) -> None:
     each other under the same conditions; the database pools every measurement of a program,
     and the job's best is read back from it. The tuning curve keeps what was seen during the
     search."""
-    from ansor.replay import replay_records
-
     task = tuner.task
     states = [state for _, state in replay_records(db.best(task.workload_key, task.target.key, k=k), task.dag)]
     if not states:
