@@ -79,6 +79,16 @@ def test_costmodel_eval_reports_ranking_quality(tmp_path, capsys):
         assert word in out
 
 
+def test_costmodel_info_says_what_the_shipped_model_learned_from(capsys):
+    from ansor.costmodel.pretrained import provenance
+
+    info = provenance()
+    assert info is not None, "the package ships a pretrained CPU model"
+    assert main(["costmodel", "info"]) == 0
+    out = capsys.readouterr().out
+    assert f"{info['programs']}" in out and info["target"] in out and "held_out_scores" in out
+
+
 # ---------------------------------------------------------------- conventions
 
 

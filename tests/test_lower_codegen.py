@@ -652,8 +652,9 @@ def test_parallel_loop_gets_an_openmp_pragma(builder):
     s.annotate("act", "r.0", "parallel")
     s.annotate("act", "r.1", "parallel")  # nested: one parallel region is enough
     source, _ = generate_source(s, task.target)
-    assert line_before_loop(source, "i_j") == "#pragma omp parallel for"
-    assert line_before_loop(source, "r_0") == "#pragma omp parallel for"
+    pragma = f"#pragma omp parallel for num_threads({task.target.num_cores})"  # the target's cores
+    assert line_before_loop(source, "i_j") == pragma
+    assert line_before_loop(source, "r_0") == pragma
     assert source.count("#pragma omp parallel for") == 2
     check_gemm_relu(task, s, builder)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -149,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "extracts program features, trains the XGBoost cost model on 80% of "
                                        "the programs and reports pairwise ranking accuracy, top-k recall and "
                                        "R^2 on the held-out 20%.")
+    cm_sub.add_parser("info", help="what the pretrained model shipped in the package was trained on")
     ev.add_argument("--database", help=DATABASE_HELP)
     ev.add_argument("--test-fraction", type=float, default=0.2,
                     help="share of the programs held out for scoring (default 0.2)")
@@ -538,8 +540,19 @@ def cmd_costmodel(args) -> int:
     from ansor.database import Database
     from ansor.report import console
 
+    if args.cm_command == "info":
+        from ansor.costmodel.pretrained import model_file, provenance
+
+        info = provenance()
+        if info is None:
+            console.print("no pretrained model in this installation")
+            return 1
+        console.print(f"pretrained model {model_file()}:")
+        for key, value in info.items():
+            console.print(f"  {key:16s} {json.dumps(value) if isinstance(value, (dict, list)) else value}")
+        return 0
     if args.cm_command != "eval":
-        raise ValueError("usage: ansor costmodel eval [--database PATH]")
+        raise ValueError("usage: ansor costmodel eval [--database PATH] | ansor costmodel info")
     path = args.database or str(ansor.default_database_path())
     with Database(path, create=False) as db:
         data = load_dataset(db, ansor.Target.host().key)
