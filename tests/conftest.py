@@ -1,4 +1,11 @@
+import os
+
 import pytest
+
+# Tuning tests run their first rounds on random samples (fast), as without a shipped model; a
+# model-guided first round is a full evolutionary search, seconds per test. The pretrained paths
+# are tested with the switch on (tests/test_costmodel.py, test_tune_end_to_end.py).
+os.environ.setdefault("ANSOR_PRETRAINED", "0")
 
 from ansor.measure import Builder
 

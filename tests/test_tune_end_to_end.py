@@ -57,9 +57,11 @@ def test_build_without_records_can_use_the_default_schedule(tmp_path):
         assert db.count() == 0  # nothing measured
 
 
-def test_build_without_records_measures_a_few_model_ranked_programs(tmp_path):
-    """A workload nobody tuned: a quick search measures a few programs, records them, and the
-    kernel is the fastest of them; the next build finds the records and measures nothing."""
+def test_build_without_records_measures_a_few_model_ranked_programs(tmp_path, monkeypatch):
+    """A workload nobody tuned: a quick search (ranked by the shipped model) measures a few
+    programs, records them, and the kernel is the fastest of them; the next build finds the
+    records and measures nothing."""
+    monkeypatch.setenv("ANSOR_PRETRAINED", "1")
     task = matmul_task()
     db_path = str(tmp_path / "fresh.db")
     kernel = ansor.build(task, database=db_path, quick_trials=4)

@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="start from the records of another target in the database, e.g. "
                            "cpu-x86_64-avx2-2c (repeatable; default: none)")
     tune.add_argument("--no-pretrained", action="store_true",
-                      help="the cost model starts without the package's pretrained model (default: with it)")
+                      help="the cost model starts without the package's pretrained model (default: with "
+                           "it, unless ANSOR_PRETRAINED=0)")
     tune.add_argument("--no-baseline", action="store_true",
                       help="skip the numpy/PyTorch comparison (default: compare)")
     tune.add_argument("--quiet", action="store_true", help="no progress bar (default: show it)")
@@ -314,7 +315,7 @@ def cmd_tune(args) -> int:
             result = ansor.tune(task, trials=args.trials, database=db_path, seed=args.seed, policy=args.policy,
                                 timeout=args.timeout, measures_per_round=args.per_round, progress=not args.quiet,
                                 transfer_programs=args.transfer_programs, time_budget=args.time_budget,
-                                pretrained=not args.no_pretrained, transfer_from=args.transfer_from)
+                                pretrained=False if args.no_pretrained else None, transfer_from=args.transfer_from)
             return _tune_report(args, task, result, db_path)
     except KeyboardInterrupt as exc:
         partial = getattr(exc, "results", None)

@@ -36,9 +36,10 @@ def has_record(task: Task, db: Database) -> bool:
 
 
 def quick_search(task: Task, database: Database | str | None = None, trials: int = QUICK_TRIALS,
-                 seed: int = 0, progress: bool = False, pretrained: bool = True) -> None:
+                 seed: int = 0, progress: bool = False, pretrained: bool | None = None) -> None:
     """Measure and record the `trials` programs the cost model ranks best (see the module);
-    `pretrained=False` leaves the package's model out (for comparisons)."""
+    `pretrained=False` leaves the package's model out (for comparisons; None: the default of
+    `tune`)."""
     db, owned = open_database(database)
     try:
         model = shared_cost_model([task], db, seed, TUNE_DEFAULTS["transfer_programs"], pretrained)

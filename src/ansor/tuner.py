@@ -36,8 +36,8 @@ TUNE_DEFAULTS = {
                                # the fastest of many noisy measurements is often a lucky one
     "transfer_programs": 4000, # measured programs of the database's other workloads (same target)
                                # that the cost model starts from; 0: learn from the job's tasks alone
-    "pretrained": True,        # fits continue from the package's pretrained model (when it has one
-                               # for the target's kind)
+    "pretrained": None,        # fits continue from the package's pretrained model (when it has one
+                               # for the target's kind); None: yes unless ANSOR_PRETRAINED=0
 }
 MIN_TRANSFER_PROGRAMS = 64     # fewer than this: not worth starting from
 TRANSFER_CANDIDATES = 8        # best programs of another target measured first (transfer_from)
@@ -106,14 +106,16 @@ def transfer_model(tasks: Task | Sequence[Task], db: Database, seed: int | None,
 
 
 def shared_cost_model(tasks: Sequence[Task], db: Database, seed: int | None,
-                       transfer_programs: int, pretrained: bool = True,
+                       transfer_programs: int, pretrained: bool | None = None,
                        from_targets: Sequence[str] = ()) -> CostModel:
     """The one model of a target's tasks: from the database's other workloads (continuing from
     the pretrained model), else the model saved beside the database by the last job, else the
     pretrained model, else a fresh one."""
     from ansor.costmodel.model import XGBModel
-    from ansor.costmodel.pretrained import load_pretrained
+    from ansor.costmodel.pretrained import enabled_by_default, load_pretrained
 
+    if pretrained is None:
+        pretrained = enabled_by_default()
     shipped = load_pretrained(tasks[0].target, seed if seed is not None else 43) if pretrained else None
     base = shipped.base if shipped is not None else None
     model = transfer_model(tasks, db, seed, transfer_programs, base=base, from_targets=from_targets)
@@ -140,7 +142,7 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
          time_budget: float | None = None, scheduler: str | TaskScheduler = "round-robin",
          callbacks: Sequence[TuningCallback] = (),
          task_weights: Sequence[float] | None = None,
-         pretrained: bool = TUNE_DEFAULTS["pretrained"],
+         pretrained: bool | None = TUNE_DEFAULTS["pretrained"],
          transfer_from: Target | str | Sequence[Target | str] = (),
          first_programs: Sequence[State] = ()) -> TuneResult | list[TuneResult]:
     """Search for fast programs of one task, or of several tasks together.
@@ -156,8 +158,9 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
 
     The full tuner's model first learns from up to `transfer_programs` measured programs of the
     database's other workloads on the same target, so that even the first batch is chosen by a
-    model rather than at random; with `pretrained` (the default) its fits continue from the
-    package's pretrained model, which also ranks the first batch of a fresh database.
+    model rather than at random; with `pretrained` (the default, unless the environment sets
+    ANSOR_PRETRAINED=0) its fits continue from the package's pretrained model, which also ranks
+    the first batch of a fresh database.
     `callback(result)` is called after every round.
     `task_weights` (one per task, default 1) say how often each task occurs in the whole model;
     the "gradient" scheduler minimises the sum of weight x latency.
@@ -215,7 +218,7 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
 def _make_tuners(tasks: Sequence[Task], db: Database, policy: str | SearchPolicy, seed: int | None,
                  timeout: float, timing: TimingPolicy | None, progress: bool, callback,
                  callbacks: Sequence[TuningCallback], transfer_programs: int, trials: int,
-                 task_weights: Sequence[float] | None = None, pretrained: bool = True,
+                 task_weights: Sequence[float] | None = None, pretrained: bool | None = None,
                  from_targets: Sequence[str] = ()) -> list[TaskTuner]:
     from ansor.report import TuneProgress
 

@@ -10,6 +10,7 @@ of workloads and programs) and how it ranked programs of workloads left out of i
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,13 @@ from ansor.costmodel.model import XGBModel
 from ansor.target import Target
 
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
+#: Set to 0 to start every cost model without the shipped one (the default is on).
+ENV_SWITCH = "ANSOR_PRETRAINED"
+
+
+def enabled_by_default() -> bool:
+    """Whether tuning starts from the shipped model when the caller does not say."""
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def model_file(kind: str = "cpu") -> Path:
