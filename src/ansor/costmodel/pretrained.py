@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -48,17 +49,30 @@ def load_pretrained(target: Target, seed: int = 43) -> XGBModel | None:
     """A fresh XGBModel whose fits continue from the shipped trees of `target`'s kind (None
     when the package has no model for it, or one for other features)."""
     path = model_file(target.kind)
-    if not path.exists():
+    try:
+        stat = path.stat()
+    except OSError:
         return None
+    base = _shipped_booster(str(path), stat.st_mtime_ns, stat.st_size)
+    if base is None:
+        return None
+    model = XGBModel(seed=seed, base=base)
+    model.n_features = FEATURE_COUNT
+    return model
+
+
+@lru_cache(maxsize=4)
+def _shipped_booster(path: str, mtime_ns: int, size: int) -> Any:
+    """The trees of a model file, parsed once per process and version of the file (a few MB of
+    JSON: every tuning job and quick build starts from them). Fits continue from a copy
+    (`xgb.train(xgb_model=...)` leaves the base as it is), so one booster serves them all."""
     try:
         shipped = XGBModel.load(path)
     except (OSError, ValueError, KeyError):
         return None
     if shipped.booster is None or shipped.n_features != FEATURE_COUNT:
         return None
-    model = XGBModel(seed=seed, base=shipped.booster)
-    model.n_features = FEATURE_COUNT
-    return model
+    return shipped.booster
 
 
 def save_pretrained(model: XGBModel, info: dict[str, Any], kind: str = "cpu") -> Path:

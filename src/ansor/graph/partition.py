@@ -179,9 +179,7 @@ def partition(graph: Graph) -> list[Subgraph]:
     # Anchors claim their chains first: an injective op reading both an anchor's chain and
     # another injective chain (attention scores masked by a mask computed from the inputs)
     # becomes the anchor's epilogue instead of extending the other chain.
-    anchors_first = ([n for n in graph.nodes if op_kind(n.op) == "anchor"]
-                     + [n for n in graph.nodes if op_kind(n.op) != "anchor"])
-    for node in anchors_first:
+    for node in sorted(graph.nodes, key=lambda n: op_kind(n.op) != "anchor"):  # stable
         if node.output in group_of:
             continue
         kind = op_kind(node.op)

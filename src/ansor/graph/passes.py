@@ -94,7 +94,8 @@ def decompose_attention(graph: Graph) -> Graph:
 
     As one kernel, attention is three loop nests of different shapes (two contractions over
     different axes and a row reduction between them) that no single tiling serves: tuned whole,
-    a BERT layer's attention ran at 6 GFLOP/s. Cut apart, each piece is a task the search
+    a BERT layer's attention was many times slower than its pieces (BENCHMARKS.md). Cut apart,
+    each piece is a task the search
     handles well (a batch matmul with its scale and mask fused as the epilogue, a softmax), and
     the scores of one head (seq x seq) stay in cache between them at the sizes of encoder
     layers. Masked positions take -inf, as in the fused lowering."""
