@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 from dataclasses import asdict, dataclass
 
 
@@ -44,8 +45,29 @@ class Target:
         return _ISA_FLAGS.get(self.isa, ()) if self.kind == "cpu" else ()
 
     @classmethod
-    def cuda(cls, shared_memory: int = 48 * 1024, max_threads: int = 1024) -> "Target":
-        return cls("cuda", "sm", -1, 16, 64, shared_memory, max_threads, 8, 32)
+    def cuda(cls, arch: str = "sm_90", shared_memory: int | None = None, max_threads: int = 1024) -> "Target":
+        """An NVIDIA GPU of compute capability `arch` ("sm_80", "sm_90", ...): 32-thread warps,
+        at most `max_threads` threads and `shared_memory` bytes of static shared memory per block
+        (48 KiB, the most a kernel gets without opting in to more)."""
+        if not re.fullmatch(r"sm_\d{2,3}[a-z]?", arch):
+            raise ValueError(f"CUDA architecture must look like 'sm_90', got {arch!r}")
+        return cls("cuda", arch, 1, 16, 128, shared_memory or 48 * 1024, max_threads, 8, 32)
+
+    @classmethod
+    def opencl(cls, device: str = "pocl-cpu", shared_memory: int = 48 * 1024, max_threads: int = 256,
+               warp_size: int = 32) -> "Target":
+        """An OpenCL device named by `device` (a short stable name: "pocl-cpu" is PoCL on this
+        machine's CPU, used to check GPU programs without a GPU; "nvidia-h100" a real GPU), so
+        OpenCL-on-CPU timings never mix with a GPU's in the records."""
+        name = re.sub(r"[^a-z0-9_.]+", "-", device.lower()).strip("-")
+        if not name:
+            raise ValueError("an OpenCL target needs a device name")
+        return cls("opencl", name, 1, 16, 64, shared_memory, max_threads, 8, warp_size)
+
+    @property
+    def is_gpu(self) -> bool:
+        """Programs for this target bind loops to blocks and threads."""
+        return self.kind in GPU_KINDS
 
     @property
     def key(self) -> str:
@@ -65,6 +87,9 @@ class Target:
     def __str__(self) -> str:
         return self.key
 
+
+#: Target kinds whose programs run as GPU kernels.
+GPU_KINDS = ("cuda", "opencl")
 
 #: CPU instruction sets, widest first, with their vector width in bytes.
 CPU_ISAS = {"avx512": 64, "avx2": 32, "generic": 16}

@@ -35,6 +35,8 @@ class Capabilities:
     shared_memory_bytes: int = 0      # per block; 0: no `shared` buffer scope
     max_threads_per_block: int = 0
     warp_size: int = 0
+    max_vthread: int = 0              # virtual threads per thread (their product on any path)
+    local_memory_bytes: int = 0       # private arrays per thread before they spill
 
     @property
     def has_shared_memory(self) -> bool:
@@ -83,7 +85,7 @@ def _capabilities(backend: Backend, target: Target) -> Capabilities:
 
 
 _BACKENDS: dict[str, Backend] = {}
-_BUILT_IN = {"cpu": "ansor.backend.cpu"}  # kinds whose module registers a backend when imported
+_BUILT_IN = {"cpu": "ansor.backend.cpu", "cuda": "ansor.backend.gpu", "opencl": "ansor.backend.gpu"}  # kinds whose module registers a backend when imported
 
 
 def register_backend(backend: Backend) -> None:

@@ -116,6 +116,7 @@ import numpy as np
 from ansor.backend import backend_for
 from ansor.lower import ir
 from ansor.lower.lower import lower
+from ansor.schedule.errors import ScheduleError
 from ansor.target import Target
 from ansor.te import expr as E
 from ansor.te.arith import atom_key, const_bounds
@@ -412,6 +413,8 @@ class _Extractor:
             self.visit(stmt.write)
         elif t is ir.Unswitched:  # the nest as scheduled, its bounds checks included
             self.visit(stmt.slow)
+        elif t is ir.GPUKernel:
+            self.visit(stmt.body)
 
     def enter(self, loop: ir.For) -> _Loop:
         frame = _Loop(loop)
@@ -747,12 +750,16 @@ def program_features(state: State, cache_line_bytes: int = 64, target: Target | 
     """Features of a complete State as it runs on `target` (default: this machine's CPU),
     its backend's lowering passes applied; a program that cannot be lowered has no rows (the
     search drops it). Errors in the passes or in extraction itself are bugs and propagate."""
+    target = target or _host_target()
     try:
         func = lower(state)
     except Exception:
         return np.zeros((0, FEATURE_COUNT), dtype=np.float32)
-    target = target or _host_target()
-    return extract_features(backend_for(target).run_passes(func, target), cache_line_bytes)
+    try:
+        func = backend_for(target).run_passes(func, target)
+    except ScheduleError:  # the target cannot run it (a GPU's limits): no features, ranked last
+        return np.zeros((0, FEATURE_COUNT), dtype=np.float32)
+    return extract_features(func, cache_line_bytes)
 
 
 def features_for_states(states: Sequence[State], cache_line_bytes: int = 64,

@@ -176,6 +176,27 @@ class Unswitched(Stmt):
 
 
 @dataclass(eq=False)
+class GPUKernel(Stmt):
+    """One launch of a GPU program: `grid` blocks of `block` threads (x, y, z) run `body`.
+
+    Inside `body`, loops bound to blockIdx/threadIdx stay `For` nodes of those kinds (the
+    printer reads each from the hardware index; a thread loop shorter than the block is
+    guarded), `vthread` loops run serially, shared buffers are allocated at the top and
+    barriers stand around their fills. `params` are the buffers it reads and writes.
+    """
+
+    name: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    params: list[Buffer]
+    body: Stmt
+
+    @property
+    def threads(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+
+@dataclass(eq=False)
 class PrimFunc:
     """One kernel: parameters (inputs then outputs) and a body."""
 
@@ -218,6 +239,8 @@ def walk_stmts(stmt: Stmt):
     elif isinstance(stmt, Unswitched):
         yield from walk_stmts(stmt.fast)
         yield from walk_stmts(stmt.slow)
+    elif isinstance(stmt, GPUKernel):
+        yield from walk_stmts(stmt.body)
 
 
 def ir_to_str(stmt: Stmt, indent: int = 0) -> str:
@@ -254,4 +277,8 @@ def ir_to_str(stmt: Stmt, indent: int = 0) -> str:
     if isinstance(stmt, Unswitched):
         return (f"{pad}if {expr_to_str(stmt.cond)}:  # in bounds throughout\n" + ir_to_str(stmt.fast, indent + 1)
                 + f"{pad}else:\n" + ir_to_str(stmt.slow, indent + 1))
+    if isinstance(stmt, GPUKernel):
+        grid, block = "x".join(map(str, stmt.grid)), "x".join(map(str, stmt.block))
+        args = ", ".join(b.name for b in stmt.params)
+        return f"{pad}kernel {stmt.name}<<<{grid} blocks, {block} threads>>>({args}):\n" + ir_to_str(stmt.body, indent + 1)
     return f"{pad}<{type(stmt).__name__}>\n"

@@ -24,6 +24,10 @@ from ansor.te.tensor import ComputeOp
 
 _LOOP_KIND = {"none": "serial", "parallel": "parallel", "vectorize": "vectorized", "unroll": "unrolled"}
 
+#: Loops a buffer of each scope is shared across, so its region covers all their iterations:
+#: a shared-memory tile holds what the whole block reads (every thread and virtual thread of it).
+_RELAXED_BY_SCOPE = {"shared": frozenset({"threadIdx.x", "threadIdx.y", "threadIdx.z", "vthread"})}
+
 
 @dataclass
 class _StageLowering:
@@ -71,6 +75,7 @@ class _Lowerer:
         self.by_tensor = {id(s.tensor): i for i, s in enumerate(state.stages)}
         self.info: dict[int, _StageLowering] = {}
         self.ranges: dict[int, tuple[int, int]] = {}  # id(loop var) -> (0, extent - 1)
+        self.annotation: dict[int, str] = {}  # id(loop var) -> its iterator's annotation
         self.simplifier = Simplifier(self.ranges)
         self.attached: dict[tuple[str, str], list[int]] = {}  # (stage, loop) -> stages computed there
         for sid, s in enumerate(state.stages):
@@ -157,8 +162,9 @@ class _Lowerer:
         values, guards, extents = leaf_expressions(s, leaf_vars, root_ext)
         L.loop_vars = [leaf_vars[it.name] for it in s.iters]
         L.loop_extents = [extents[it.name] for it in s.iters]
-        for v, e in zip(L.loop_vars, L.loop_extents):
+        for v, e, it in zip(L.loop_vars, L.loop_extents, s.iters):
             self.ranges[id(v)] = (0, e - 1)
+            self.annotation[id(v)] = it.annotation
         for d, a in enumerate(op.axes):
             L.axis_values[id(a)] = self.simplifier.simplify(values[a.name] + L.region_lo[d])
             if s.attach != "root":
@@ -175,7 +181,8 @@ class _Lowerer:
         """Region of stage `sid` read by its consumers during one iteration at the attach point."""
         st = self.state
         s = st.stages[sid]
-        path_ids = {id(v) for v in path}
+        relaxed = _RELAXED_BY_SCOPE.get(s.scope, frozenset())
+        path_ids = {id(v) for v in path if self.annotation.get(id(v)) not in relaxed}
         per_dim: list[list[tuple[E.Expr, E.Expr]] | None] = [[] for _ in s.op.axes]
         for cid in st.consumers(sid):
             C = self.info.get(cid)

@@ -18,6 +18,11 @@ def _default_mutation_weights() -> dict[str, float]:
     return {"tile_size": 0.90, "auto_unroll": 0.04, "compute_location": 0.05, "parallel": 0.01}
 
 
+#: The reference's mutation weights on GPUs: tile sizes and unrolling only (compute locations
+#: are fixed by the GPU sketch rules, and nothing is parallel).
+GPU_MUTATION_WEIGHTS = {"tile_size": 0.90, "auto_unroll": 0.10}
+
+
 @dataclass(frozen=True)
 class SearchParams:
     """The knobs of sketch generation, random annotation, sampling and evolution."""
@@ -36,6 +41,8 @@ class SearchParams:
                                               # one reduction step's operands)
     max_vectorize_size: int = 64              # elements in a vectorized loop
     auto_unroll_max_step_choices: tuple[int, ...] = (0, 16, 64, 512)
+    gpu_auto_unroll_max_step_choices: tuple[int, ...] = (0, 16, 64, 512, 1024)
+    gpu_max_thread_tile: int = 64             # values one GPU thread accumulates in registers
     parallel_degree_per_core: int = 16        # stop fusing outer loops beyond 16 x cores
     min_parallel_per_core: int = 4            # fuse at least up to 4 x cores parallel iterations
     disable_change_compute_location: bool = False
@@ -88,7 +95,7 @@ def search_params(overrides: Mapping[str, Any] | SearchParams | None = None,
         raise KeyError(f"unknown search parameter{'s' if len(unknown) > 1 else ''} "
                        f"{', '.join(map(repr, unknown))}; known: {', '.join(sorted(known))}")
     values = dict(overrides or {})
-    for name in ("cpu_fusion_levels", "auto_unroll_max_step_choices"):
+    for name in ("cpu_fusion_levels", "auto_unroll_max_step_choices", "gpu_auto_unroll_max_step_choices"):
         if name in values:
             values[name] = tuple(values[name])
     return replace(base or SearchParams(), **values)

@@ -373,10 +373,10 @@ CPU_RULES: tuple[SketchRule, ...] = (
 
 
 def generate_sketches(state: State, ctx: SketchContext, custom_rules: Sequence[SketchRule] = (),
-                      max_sketches: int = 64) -> list[Sketch]:
+                      max_sketches: int = 64, base_rules: Sequence[SketchRule] = CPU_RULES) -> list[Sketch]:
     """Every terminal sketch, deduplicated by loop-nest key. Custom rules run before the
-    built-in ones, as Ansor allows."""
-    rules = list(custom_rules) + list(CPU_RULES)
+    built-in ones (`base_rules`: the CPU's, or `sketch_gpu.GPU_RULES`), as Ansor allows."""
+    rules = list(custom_rules) + list(base_rules)
     work: list[tuple[State, int, list[str]]] = [(state.copy(), len(state.stages) - 1, [])]
     done: dict[str, Sketch] = {}
     while work:

@@ -14,11 +14,13 @@ from typing import Mapping, Sequence
 from ansor.database import Record
 from ansor.replay import replay_records
 from ansor.schedule.state import State
-from ansor.search.annotate import annotate, multi_level_splits
+from ansor.search.annotate import multi_level_splits
+from ansor.search.annotate_gpu import GPUHardware, annotate_program
 from ansor.search.collector import collector_paused
-from ansor.search.params import SearchParams, search_params
+from ansor.search.params import GPU_MUTATION_WEIGHTS, SearchParams, search_params
 from ansor.search.policy import MeasureResult, SearchPolicy
-from ansor.search.sketch import Sketch, SketchContext, SketchRule, generate_sketches
+from ansor.search.sketch import CPU_RULES, Sketch, SketchContext, SketchRule, generate_sketches
+from ansor.search.sketch_gpu import GPU_RULES
 from ansor.task import Task
 
 
@@ -30,16 +32,23 @@ class SketchPolicy(SearchPolicy):
                  custom_rules: Sequence[SketchRule] = (), cost_model=None):
         super().__init__(task, seed)
         self.params = search_params(params)
+        target = task.target
+        if target.is_gpu and "mutation_weights" not in (params if isinstance(params, Mapping) else {}):
+            self.params = self.params.replace(mutation_weights=dict(GPU_MUTATION_WEIGHTS))
         self.rng = random.Random(seed)
         self.cost_model = cost_model
-        ctx = SketchContext(task.target, self.params.cpu_multi_level_tiling_structure,
+        ctx = SketchContext(target, self.params.cpu_multi_level_tiling_structure,
                             tuple(self.params.cpu_fusion_levels), self.params.cpu_pack_reused_operands)
-        self.sketches: list[Sketch] = generate_sketches(State(task.dag), ctx, custom_rules)
+        rules = GPU_RULES if target.is_gpu else CPU_RULES
+        self.sketches: list[Sketch] = generate_sketches(State(task.dag), ctx, custom_rules, base_rules=rules)
         if not self.sketches:
             raise ValueError(f"no sketch could be derived for task {task.name!r}")
-        self.vector_lanes = task.target.vector_unit_bytes // 4 if self.params.vector_tile_bias else 0
-        # what annotation needs of the machine: cores, float32 lanes, vector registers
-        self.hardware = (task.target.num_cores, self.vector_lanes, task.target.vector_registers)
+        self.vector_lanes = target.vector_unit_bytes // 4 if self.params.vector_tile_bias and not target.is_gpu else 0
+        # what annotation needs of the machine: a GPU's block limits, or the CPU's cores, float32
+        # lanes and vector registers
+        self.hardware = (GPUHardware(target.max_threads_per_block, target.max_vthread_extent, target.warp_size,
+                                     self.params.gpu_max_thread_tile) if target.is_gpu
+                         else (target.num_cores, self.vector_lanes, target.vector_registers))
         self.measured: list[tuple[float, State]] = []  # (cost, program) of successful measurements
         self.last_round: dict[str, float] = {}         # seconds per phase of the last round
         self._feature_cache: dict = {}
@@ -57,7 +66,7 @@ class SketchPolicy(SearchPolicy):
         while len(out) < n and tries < max_tries:
             tries += 1
             sketch = self.rng.choice(self.sketches)
-            st = annotate(sketch.steps, self.task.dag, self.rng, self.params, *self.hardware)
+            st = annotate_program(sketch.steps, self.task.dag, self.rng, self.params, self.hardware)
             if st is None:
                 continue
             key = st.key()

@@ -22,7 +22,7 @@ import numpy as np
 from ansor.costmodel.features import FEATURE_COUNT, program_features
 from ansor.process_lifetime import bind_to_parent
 from ansor.schedule.state import ScheduleError, State
-from ansor.search.annotate import annotate
+from ansor.search.annotate_gpu import annotate_program
 from ansor.search.collector import collector_paused
 from ansor.search.evolution import Genome, as_state, breed_locally, breed_one, chunk_orders, chunk_seed
 from ansor.search.params import SearchParams
@@ -88,7 +88,7 @@ def _sample_chunk(args: tuple) -> list[tuple | None]:
     sketches, count, seed, params, hardware = args
     rng = random.Random(seed)
     with collector_paused():
-        return [_packed(annotate(rng.choice(sketches), _WORKER_DAG, rng, params, *hardware))
+        return [_packed(annotate_program(rng.choice(sketches), _WORKER_DAG, rng, params, hardware))
                 for _ in range(count)]
 
 
@@ -137,11 +137,10 @@ class SearchWorkers:
             out.extend(part)
         return out
 
-    def sample(self, sketches: list, count: int, seed: int, params: SearchParams, hardware: tuple[int, int, int],
+    def sample(self, sketches: list, count: int, seed: int, params: SearchParams, hardware,
                memo: dict) -> list:
         """`count` draws of random annotation (Genomes, None where annotation failed), spread
-        over the workers; their features go into `memo`. `hardware`: annotate's (num_cores,
-        vector_lanes, vector_registers)."""
+        over the workers; their features go into `memo`. `hardware`: as `annotate_program` takes it."""
         per = -(-count // (self.n_workers * 4))
         jobs = [(sketches, min(per, count - i), chunk_seed(seed, c), params, hardware)
                 for c, i in enumerate(range(0, count, per))]

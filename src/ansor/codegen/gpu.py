@@ -1,0 +1,197 @@
+"""CUDA and OpenCL from the GPU kernels of a lowered program: one printer, two dialects.
+
+The dialects differ only in a table (kernel and pointer qualifiers, shared memory, barrier,
+block and thread indices, scalar types, math function names, unroll pragma). The file's
+first line is the launch metadata the GPU runners read (`// ansor-launch: {json}`: each
+kernel's name, grid, block and arguments in launch order, and every buffer's role), so one
+text is the whole program.
+
+Loops bound to blockIdx/threadIdx print as a named index read from the hardware (`const int
+i_tx = threadIdx.x;`), guarded where the loop is shorter than the block; virtual-thread,
+unrolled and auto-unrolled loops print with an unroll pragma, so a reader sees the schedule's
+tile structure in the source.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ansor.codegen.c_like import C_KEYWORDS, CLikePrinter, PreludePiece, _helpers
+from ansor.lower import ir
+from ansor.lower.gpu import AXIS, BLOCK_KINDS, THREAD_KINDS, kernels_of
+
+LAUNCH_PREFIX = "// ansor-launch: "
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What differs between CUDA and OpenCL C."""
+
+    language: str
+    header: str
+    kernel_prefix: str            # before `void`; `{threads}` is the block's thread count
+    global_pointer: str           # before the element type of a global pointer parameter
+    restrict: str
+    shared: str                   # qualifier of a shared-memory array
+    barrier: str
+    block_index: str              # `{axis}` is x/y/z, `{dim}` is 0/1/2
+    thread_index: str
+    types: dict[str, str]
+    float_suffix_math: bool       # expf (CUDA) rather than the overloaded exp (OpenCL)
+    helper_qualifier: str
+
+
+_CUDA_TYPES = {"float32": "float", "float64": "double", "int32": "int", "int64": "long long", "bool": "bool"}
+_OPENCL_TYPES = {"float32": "float", "float64": "double", "int32": "int", "int64": "long", "bool": "uchar"}
+
+CUDA = Dialect(
+    language="cuda",
+    header=("#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif\n"
+            "#ifndef NAN\n#define NAN __int_as_float(0x7fffffff)\n#endif\n"),
+    kernel_prefix='extern "C" __global__ void __launch_bounds__({threads})',
+    global_pointer="",
+    restrict="__restrict__",
+    shared="__shared__",
+    barrier="__syncthreads();",
+    block_index="(int)blockIdx.{axis}",
+    thread_index="(int)threadIdx.{axis}",
+    types=_CUDA_TYPES,
+    float_suffix_math=True,
+    helper_qualifier="__device__ __forceinline__",
+)
+
+OPENCL = Dialect(
+    language="opencl",
+    header="#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n",
+    kernel_prefix="__kernel __attribute__((reqd_work_group_size({bx}, {by}, {bz}))) void",
+    global_pointer="__global ",
+    restrict="restrict",
+    shared="__local",
+    barrier="barrier(CLK_LOCAL_MEM_FENCE);",
+    block_index="(int)get_group_id({dim})",
+    thread_index="(int)get_local_id({dim})",
+    types=_OPENCL_TYPES,
+    float_suffix_math=False,
+    helper_qualifier="inline",
+)
+
+DIALECTS = {"cuda": CUDA, "opencl": OPENCL}
+
+# OpenCL C's built-in function names, which a kernel must not declare
+_OPENCL_KEYWORDS = frozenset("""kernel global local constant private read_only write_only half uchar
+ushort uint ulong barrier get_group_id get_local_id get_global_id get_local_size mad clamp mix sign
+float2 float4 float8 float16 int2 int4 exp log tanh erf sqrt fabs pow fmax fmin floor ceil""".split())
+_CUDA_KEYWORDS = frozenset("""threadIdx blockIdx blockDim gridDim warpSize __syncthreads expf logf tanhf
+erff sqrtf fabsf powf fmaxf fminf floorf ceilf""".split())
+
+
+class GPUPrinter(CLikePrinter):
+    """Prints the `GPUKernel`s of a function `lower.gpu.lower_for_gpu` made."""
+
+    INDEX_TYPE = "int"
+
+    def __init__(self, func: ir.PrimFunc, dialect: Dialect):
+        self.dialect = dialect
+        self.TYPES = dialect.types
+        self.RESTRICT = dialect.restrict
+        self.BARRIER = dialect.barrier
+        self.KEYWORDS = C_KEYWORDS | (_OPENCL_KEYWORDS if dialect.language == "opencl" else _CUDA_KEYWORDS)
+        self.PRELUDE: tuple[PreludePiece, ...] = _helpers(dialect.helper_qualifier)
+        super().__init__(func)
+        self.block = (1, 1, 1)
+
+    # --- expressions --------------------------------------------------------------------------
+    def math_function(self, name: str, dtype: str) -> str:
+        if dtype == "float32" and self.dialect.float_suffix_math:
+            return f"{name}f"
+        return name
+
+    # --- statements ---------------------------------------------------------------------------
+    def loop(self, s: ir.For, depth: int, in_parallel: bool) -> None:
+        var = self.names(s.var, s.var.name)
+        self.ranges[id(s.var)] = (0, s.extent - 1)
+        if s.kind in BLOCK_KINDS or s.kind in THREAD_KINDS:
+            axis = s.kind[-1]
+            pattern = self.dialect.block_index if s.kind in BLOCK_KINDS else self.dialect.thread_index
+            index = pattern.format(axis=axis, dim=AXIS[axis])
+            self.emit(f"const int {var} = {index};  /* {s.kind}, {s.extent} */", depth)
+            if s.kind in THREAD_KINDS and s.extent < self.block[AXIS[axis]]:
+                self.emit(f"if ({var} < {s.extent}) {{", depth)
+                self.stmt(s.body, depth + 1, in_parallel)
+                self.emit("}", depth)
+            else:
+                self.stmt(s.body, depth, in_parallel)
+            return
+        if s.kind in ("vthread", "unrolled") or s.unroll_hint:
+            note = "  /* virtual thread */" if s.kind == "vthread" else ""
+            self.emit(f"#pragma unroll{note}", depth)
+        self.emit(f"for ({self.INDEX_TYPE} {var} = 0; {var} < {s.extent}; ++{var}) {{", depth)
+        self.stmt(s.body, depth + 1, in_parallel)
+        self.emit("}", depth)
+
+    def allocate(self, s: ir.Allocate, depth: int, in_parallel: bool) -> None:
+        b = s.buffer
+        name = self.names(b, b.name)
+        ctype = self.TYPES[b.dtype]
+        if b.scope == "shared":
+            self.emit(f"{self.dialect.shared} {ctype} {name}[{b.size}];", depth)
+            self.stmt(s.body, depth, in_parallel)
+            return
+        self.emit("{", depth)
+        self.emit(f"{ctype} {name}[{b.size}];", depth + 1)
+        self.stmt(s.body, depth + 1, in_parallel)
+        self.emit("}", depth)
+
+    # --- kernels ------------------------------------------------------------------------------
+    def kernel_signature(self, k: ir.GPUKernel) -> str:
+        written = {id(s.buffer) for s in ir.walk_stmts(k.body) if isinstance(s, ir.Store)}
+        params = []
+        for b in k.params:
+            const = "const " if id(b) not in written else ""
+            params.append(f"{self.dialect.global_pointer}{const}{self.TYPES[b.dtype]}* {self.RESTRICT} "
+                          f"{self.names(b, b.name)}")
+        return ", ".join(params)
+
+    def kernel(self, k: ir.GPUKernel) -> str:
+        self.lines = []
+        self.block = k.block
+        self.stmt(k.body, 1, False)
+        bx, by, bz = k.block
+        prefix = self.dialect.kernel_prefix.format(threads=k.threads, bx=bx, by=by, bz=bz)
+        grid = " x ".join(map(str, k.grid))
+        block = " x ".join(map(str, k.block))
+        return (f"\n/* {grid} blocks of {block} threads */\n"
+                f"{prefix} {self.names(k, k.name)}({self.kernel_signature(k)}) {{\n"
+                + "\n".join(self.lines) + "\n}\n")
+
+    def generate(self) -> str:
+        kernels = kernels_of(self.func)
+        text = "".join(self.kernel(k) for k in kernels)
+        launches = [{"name": self.names(k, k.name), "grid": list(k.grid), "block": list(k.block),
+                     "args": [self.names(b, b.name) for b in k.params]} for k in kernels]
+        buffers = [{"name": self.names(b, b.name), "shape": list(b.shape), "dtype": b.dtype,
+                    "role": b.role if b.role in ("input", "output") else "temp"} for b in self.func.params]
+        header = LAUNCH_PREFIX + json.dumps({"language": self.dialect.language, "kernels": launches,
+                                             "buffers": buffers}, separators=(",", ":"))
+        return header + "\n" + self.dialect.header + self.prelude() + text
+
+
+def print_gpu(func: ir.PrimFunc, language: str) -> tuple[str, str]:
+    """(source, name of the first kernel) of a function of GPU kernels, in `language`
+    ("cuda" or "opencl")."""
+    if language not in DIALECTS:
+        raise ValueError(f"no GPU dialect {language!r}; known: {', '.join(DIALECTS)}")
+    if not kernels_of(func):
+        raise ValueError(f"{func.name!r} has no GPU kernels: run lower.gpu.lower_for_gpu first")
+    printer = GPUPrinter(func, DIALECTS[language])
+    source = printer.generate()
+    return source, printer.names(kernels_of(func)[0], kernels_of(func)[0].name)
+
+
+def launch_metadata(source: str) -> dict:
+    """The launch metadata of a printed GPU program (its first line)."""
+    first = source.split("\n", 1)[0]
+    if not first.startswith(LAUNCH_PREFIX):
+        raise ValueError("not a GPU program printed by ansor: its first line has no launch metadata")
+    return json.loads(first[len(LAUNCH_PREFIX):])

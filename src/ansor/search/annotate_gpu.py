@@ -1,0 +1,170 @@
+"""Random annotation of a GPU sketch: tile sizes within the block's limits, thread binding,
+cooperative fetching of shared copies, unrolling (Ansor's GPU init rules, in order).
+
+- Tile sizes: the spatial splits of a multi-level-tiled stage ("SSSRRSRS": lengths for the
+  virtual-thread, thread and two per-thread levels) are drawn together until the block has at
+  most `max_threads` threads (and at least a warp, unless the whole output is small), at most
+  `max_vthread` virtual threads and a per-thread tile of at most `max_thread_tile` values
+  (its accumulators live in registers). Drawing each axis alone would make most programs
+  invalid. Other splits are drawn as on the CPU.
+- Thread binding: a tiled root stage's first three tile levels are fused into blockIdx.x,
+  vthread and threadIdx.x; an untiled root stage's spatial loops are fused and split into
+  blocks of a sampled thread count.
+- Cooperative fetching: a shared copy's loops are fused and split by the consumer's thread
+  count (a follow-fused-split, so mutating the tile sizes keeps them in step), the inner part
+  bound to threadIdx.x: each thread copies its share.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+from dataclasses import dataclass
+from dataclasses import replace as _replace
+
+from ansor.schedule.state import ScheduleError, State
+from ansor.schedule.steps import SplitStep
+from ansor.search.annotate import annotate, annotate_unroll, register_level_splits, sample_factors
+from ansor.search.params import SearchParams
+
+THREAD_COUNTS = (32, 64, 128, 256, 512, 1024)  # block sizes an untiled stage draws from
+MAX_TILE_TRIES = 64
+
+
+@dataclass(frozen=True)
+class GPUHardware:
+    """What annotation needs of a GPU target."""
+
+    max_threads: int = 1024
+    max_vthread: int = 8
+    warp_size: int = 32
+    max_thread_tile: int = 64       # values a thread accumulates (in registers)
+
+
+def annotate_gpu(sketch_steps: list, dag, rng: random.Random, params: SearchParams,
+                 hw: GPUHardware) -> State | None:
+    """One complete GPU program from a sketch, or None if the draw turned out illegal."""
+    try:
+        filled = _fill_tile_sizes(sketch_steps, rng, params, hw)
+        if filled is None:
+            return None
+        s = State.replay(dag, filled)
+        names = step_stage_names(dag, tuple(sketch_steps))
+        bind_threads(s, rng, hw)
+        fetch_cooperatively(s, names)
+        annotate_unroll(s, rng, params.gpu_auto_unroll_max_step_choices)
+    except ScheduleError:
+        return None
+    return s
+
+
+def _fill_tile_sizes(steps: list, rng: random.Random, params: SearchParams, hw: GPUHardware) -> list | None:
+    tiled = register_level_splits(steps)  # the multi-level splits of spatial axes
+    by_stage: dict[int, list[int]] = {}
+    for i in sorted(tiled):
+        if len(steps[i].lengths) == 4:
+            by_stage.setdefault(steps[i].stage_id, []).append(i)
+    drawn: dict[int, tuple[int, ...]] = {}
+    for indices in by_stage.values():
+        total = math.prod(steps[i].extent for i in indices)
+        for _ in range(MAX_TILE_TRIES):
+            lengths = {i: sample_factors(steps[i].extent, 4, rng, params.max_innermost_split_factor)
+                       for i in indices}
+            vthreads = math.prod(v[0] for v in lengths.values())
+            threads = math.prod(v[1] for v in lengths.values())
+            tile = math.prod(v[2] * v[3] for v in lengths.values())
+            if (vthreads <= hw.max_vthread and threads <= hw.max_threads and tile <= hw.max_thread_tile
+                    and (threads >= hw.warp_size or total <= 2 * hw.warp_size)):
+                drawn.update(lengths)
+                break
+        else:
+            return None
+    out = []
+    for i, step in enumerate(steps):
+        if isinstance(step, SplitStep) and any(n is None for n in step.lengths):
+            lengths = drawn.get(i) or sample_factors(step.extent, len(step.lengths), rng,
+                                                     params.max_innermost_split_factor)
+            step = _replace(step, lengths=lengths)
+        out.append(step)
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def step_stage_names(dag, sketch_steps: tuple) -> tuple[str, ...]:
+    """The name of the stage each step of a sketch acts on (step records hold stage ids,
+    which later cache stages shift)."""
+    s = State(dag)
+    names = []
+    for step in sketch_steps:
+        names.append(s.stages[step.stage_id].name)
+        step.apply(s)
+    return tuple(names)
+
+
+def _tile_levels(state: State, sid: int) -> list[list[str]] | None:
+    """The first three tile levels of a multi-level-tiled stage (each: one piece per spatial
+    axis), or None if the stage is not tiled that way."""
+    st = state.stages[sid]
+    axes = [a.name for a in st.op.axes]
+    n = len(axes)
+    if n == 0 or len(st.iters) < 3 * n:
+        return None
+    levels = []
+    for k in range(3):
+        names = [st.iters[k * n + a].name for a in range(n)]
+        if names != [f"{axis}.{k}" for axis in axes]:
+            return None
+        levels.append(names)
+    return levels
+
+
+def bind_threads(state: State, rng: random.Random, hw: GPUHardware) -> None:
+    """Bind every root stage's loops to blocks and threads."""
+    for sid, st in enumerate(state.stages):
+        if st.is_placeholder or st.attach != "root":
+            continue
+        levels = _tile_levels(state, sid)
+        if levels is not None:
+            for names, kind in zip(levels, ("blockIdx.x", "vthread", "threadIdx.x")):
+                fused = state.fuse(sid, names)
+                state.annotate(sid, fused.name, kind)
+            continue
+        spatial = []
+        for it in st.iters:
+            if it.kind != "spatial" or it.annotation != "none" or state.attached_to(st.name, it.name):
+                break
+            spatial.append(it.name)
+        if not spatial:
+            raise ScheduleError(f"stage {st.name!r} has no spatial loop to bind to GPU threads")
+        fused = state.fuse(sid, spatial) if len(spatial) > 1 else state.stages[sid].iters[0]
+        threads = rng.choice([t for t in THREAD_COUNTS if t <= hw.max_threads] or [hw.max_threads])
+        threads = min(threads, fused.extent)
+        outer, inner = state.split(sid, fused.name, [threads])
+        state.annotate(sid, outer.name, "blockIdx.x")
+        state.annotate(sid, inner.name, "threadIdx.x")
+
+
+def fetch_cooperatively(state: State, stage_names: tuple[str, ...]) -> None:
+    """Split each attached shared copy by its consumer's thread count and bind the inner part
+    to threadIdx.x."""
+    for sid, st in enumerate(state.stages):
+        if st.scope != "shared" or not isinstance(st.attach, tuple):
+            continue
+        consumer = st.attach[0]
+        src = [i for i, step in enumerate(state.steps[:len(stage_names)])
+               if stage_names[i] == consumer and isinstance(step, SplitStep) and len(step.lengths) == 4]
+        if not src:
+            raise ScheduleError(f"shared copy {st.name!r}: its consumer {consumer!r} is not tiled for threads")
+        fused = state.fuse(sid, [it.name for it in st.iters]) if len(st.iters) > 1 else st.iters[0]
+        _, inner = state.follow_fused_split(sid, fused.name, src, 1, True)
+        state.annotate(sid, inner.name, "threadIdx.x")
+
+
+def annotate_program(sketch_steps: list, dag, rng: random.Random, params: SearchParams,
+                     hardware: tuple | GPUHardware) -> State | None:
+    """Random annotation for the target `hardware` describes: a `GPUHardware`, or the CPU's
+    (num_cores, vector_lanes, vector_registers)."""
+    if isinstance(hardware, GPUHardware):
+        return annotate_gpu(sketch_steps, dag, rng, params, hardware)
+    return annotate(sketch_steps, dag, rng, params, *hardware)
