@@ -14,6 +14,7 @@ import importlib
 from typing import Any
 
 __version__ = "0.1.0"
+"""The package version (as in pyproject.toml); `ansor --version` prints it."""
 
 #: public name -> (module, attribute); attribute None: the module itself
 _EXPORTS: dict[str, tuple[str, str | None]] = {

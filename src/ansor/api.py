@@ -18,7 +18,20 @@ from ansor.tuner import tune as tune_tasks
 
 def tune(what: Any, *args: Any, **kwargs: Any):
     """Tune a Task, a list of Tasks (see `ansor.tuner.tune`) or a model graph (see
-    `ansor.graph.tuning.tune_model`: the task scheduler over its fused subgraphs)."""
+    `ansor.graph.tuning.tune_model`: the task scheduler over its fused subgraphs).
+
+    Every measured program is committed to the database at once, so an interrupted job loses
+    nothing, and running the same job again continues from the records.
+
+    Args:
+        what: A `Task`, a list of Tasks tuned together, or a model graph (`ansor.graph.Graph`).
+        *args: Passed on to `ansor.tuner.tune` or `tune_model` (`trials` first).
+        **kwargs: Passed on likewise: `trials`, `database`, `time_budget`, `seed`, ...
+
+    Returns:
+        TuneResult | list[TuneResult]: For one Task, its `TuneResult`; for a list of Tasks, one
+            per task in order; for a graph, one per distinct task of the model.
+    """
     if isinstance(what, Graph):
         return tune_model(what, *args, **kwargs)
     return tune_tasks(what, *args, **kwargs)
@@ -27,7 +40,17 @@ def tune(what: Any, *args: Any, **kwargs: Any):
 def build(what: Any, *args: Any, **kwargs: Any) -> Kernel | CompiledModel:
     """A Task's best recorded program as a Kernel (with no record, the best of a quick
     model-guided search: see `ansor.quick.build_task`), or a model graph compiled with its tasks'
-    best records as a CompiledModel (see `graph.compiled.build_model`)."""
+    best records as a CompiledModel (see `graph.compiled.build_model`).
+
+    Args:
+        what: A `Task`, or a model graph (`ansor.graph.Graph`).
+        *args: Passed on to `build_task` or `build_model` (`database` first).
+        **kwargs: Passed on likewise: `database`, and for a Task `quick_trials` (0: the untuned
+            default schedule when there is no record) or `state` (compile this program).
+
+    Returns:
+        A callable `Kernel` for a Task, a callable `CompiledModel` for a graph.
+    """
     if isinstance(what, Graph):
         return build_model(what, *args, **kwargs)
     return build_task(what, *args, **kwargs)

@@ -49,6 +49,8 @@ def _shape(text: str) -> tuple[int, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of the `ansor` command and its subcommands (the documentation's command-line
+    reference is generated from it)."""
     from ansor.tuner import TUNE_DEFAULTS
 
     parser = argparse.ArgumentParser(prog="ansor", description=DESCRIPTION,
@@ -196,6 +198,9 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the `ansor` command on `argv` (default: the process's arguments); returns the exit
+    status: 0 on success, 1 for a wrong result, 2 for bad input, 130 after Ctrl-C (143 after
+    SIGTERM while tuning)."""
     try:
         return _main(argv)
     except KeyboardInterrupt:  # Ctrl-C outside tuning (start-up, a read-only command): no traceback

@@ -1,7 +1,7 @@
 """The records database: every measured program, kept in one SQLite file.
 
 A tuning run measures candidate programs and each measurement becomes a
-:class:`Record`. A program is stored only as its list of schedule steps (a
+`Record`. A program is stored only as its list of schedule steps (a
 JSON-able list of lists) plus ``state_key``, a canonical string identifying
 the program, so a later run can skip re-measuring it and can replay the best
 one without keeping any compiled artefact.
@@ -10,24 +10,24 @@ The file uses SQLite in WAL mode so several processes (a tuner, ``ansor
 show``, a second tuner) can share it; every batch of records is committed in
 one transaction, so an interrupted run loses at most the batch in flight.
 
-The file is stamped with :data:`APPLICATION_ID` and carries a ``meta`` table
+The file is stamped with `APPLICATION_ID` and carries a ``meta`` table
 with the schema version. Opening refuses anything else -- a file that is not
 SQLite, another application's database, or a schema newer than this code --
-with a :class:`DatabaseError` rather than writing into it.
+with a `DatabaseError` rather than writing into it.
 
 A workload's description (JSON) names its inputs and outputs and holds the
-whole computation (``"computation"``, see :meth:`ansor.dag.ComputeDAG.to_data`),
+whole computation (``"computation"``, see `ansor.dag.ComputeDAG.to_data`),
 so its records can be replayed by a process that never saw the declaration
 (``ansor.replay.workload_dag``). Descriptions written by older versions lack it;
 those of named workloads are rebuilt from their ``"spec"``.
 
-JSONL interchange (:meth:`Database.export_jsonl` / :meth:`Database.import_jsonl`)
+JSONL interchange (`Database.export_jsonl` / `Database.import_jsonl`)
 writes one JSON object per line, in this order:
 
 * ``{"workload": {"key": ..., "description": {...}, "flop": ..., "created": ...}}``
   for each workload the exported records refer to,
 * ``{"target": {"key": ..., "description": {...}}}`` for each target,
-* one :meth:`Record.to_json` object per record, in insertion order.
+* one `Record.to_json` object per record, in insertion order.
 
 Importing skips blank lines and lines starting with ``#``, so such a file can
 be annotated by hand.
@@ -199,7 +199,7 @@ class Record:
         return math.isfinite(self.median_cost)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object of :meth:`to_json`, with a fixed key order."""
+        """The JSON object of `to_json`, with a fixed key order."""
         return {
             "version": self.version,
             "workload_key": self.workload_key,
@@ -261,7 +261,7 @@ class Record:
 
     @classmethod
     def from_json(cls, line: str) -> Record:
-        """Parse one :meth:`to_json` line; raises DatabaseError naming the problem."""
+        """Parse one `to_json` line; raises DatabaseError naming the problem."""
         try:
             obj = json.loads(line)
         except ValueError as exc:
@@ -727,7 +727,7 @@ class Database:
     ) -> int:
         """Write matching records (preceded by their workloads and targets) as JSONL.
 
-        See the module docstring for the line format. Returns the number of
+        See the module docstring of `ansor.database` for the line format. Returns the number of
         records written.
         """
         where, params = self._where(workload_key, target_key)
@@ -791,6 +791,7 @@ class Database:
 
     @property
     def closed(self) -> bool:
+        """Whether `close` has been called (the object can no longer read or write)."""
         return self._conn is None
 
     def __enter__(self) -> Database:

@@ -20,7 +20,20 @@ from ansor.task import Task
 
 
 class Kernel:
-    """A compiled program: call it on numpy arrays (inputs in the task's order)."""
+    """A compiled program: call it on numpy arrays (inputs in the task's order).
+
+    Made by `ansor.build`, not by hand. `kernel(*inputs)` returns the output array (a tuple
+    for several outputs); `out=` may pass preallocated outputs.
+
+    Attributes:
+        task: The Task it computes.
+        state: The program (the schedule) it was compiled from.
+        source: The generated source code (C for a CPU).
+        func_name: The kernel's symbol in the compiled library.
+        lib_path: The compiled shared library.
+        record: The database record of the program; None when it was built from no record (a
+            default schedule, or a `state` given to `build`).
+    """
 
     def __init__(self, task: Task, state: State, source: str, func_name: str, lib_path: str,
                  record: Record | None = None):
@@ -155,6 +168,7 @@ class Kernel:
         return res.median
 
     def close(self) -> None:
+        """Release the loaded library; the kernel cannot be called afterwards."""
         self._lib.close()
 
 

@@ -14,7 +14,19 @@ from ansor.te.tensor import Tensor
 
 
 class Task:
-    """Inputs then outputs form the kernel's signature; the target defaults to the host CPU."""
+    """One computation to tune for one target: what `tune` searches and `build` compiles.
+
+    Inputs then outputs form the kernel's signature; the target defaults to the host CPU.
+
+    Args:
+        tensors: The computation's input tensors (placeholders) then its outputs, in the order
+            the kernel takes and returns them.
+        target: The hardware to tune for; None for this machine's CPU (`Target.host()`).
+        name: A readable name for reports and the kernel's symbol; by default the output
+            tensors' names joined by "_".
+        spec: How a named workload rebuilds the declaration (set by `ansor.workloads`); stored
+            with the records.
+    """
 
     def __init__(self, tensors: Sequence[Tensor], target: Target | None = None, name: str | None = None,
                  spec: dict | None = None):
@@ -25,18 +37,23 @@ class Task:
 
     @property
     def workload_key(self) -> str:
+        """The computation's canonical key ("wk1-..."): the same for the same computation
+        declared with other names, in any process, so records are found again."""
         return self.dag.workload_key
 
     @property
     def flop(self) -> float:
+        """Floating-point operations of one run (index arithmetic excluded), for GFLOP/s."""
         return self.dag.flop
 
     @property
     def inputs(self) -> list[Tensor]:
+        """The input tensors, in the kernel's argument order."""
         return self.dag.inputs
 
     @property
     def outputs(self) -> list[Tensor]:
+        """The output tensors, in the order the kernel returns them."""
         return self.dag.outputs
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:

@@ -170,6 +170,46 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
     database the job starts from: the cost model learns from all of them, and each task's
     best programs there are measured first here. `first_programs` (one task only) are measured
     before anything the search proposes.
+
+    Args:
+        tasks: One Task, or several tuned together.
+        trials: Programs to measure in this job, across all tasks. Programs the database already
+            holds are never measured again.
+        database: A `Database`, a path, or None for the default database
+            (`default_database_path`).
+        target: When given, the target of every task is set to it.
+        timeout: Seconds a kernel may run before it counts as hung (an error record).
+        seed: Random seed of the search; None gives a different search each run.
+        policy: "sketch.xgb" (evolutionary search guided by the learned cost model),
+            "sketch.random" (random programs of the sketches), "basic" (a simple random search),
+            or a `SearchPolicy` object (one task only).
+        measures_per_round: Programs compiled and measured per round (the batch).
+        timing: How kernels are timed (`ansor.measure.TimingPolicy`); None for the default.
+        progress: Whether to show a progress display.
+        callback: Called with the task's `TuneResult` after every round.
+        confirm_best: How many of each task's fastest programs are measured again at the end.
+        transfer_programs: At most this many measured programs of the database's other
+            workloads (same target) train the cost model first; 0 for none.
+        time_budget: Seconds after which the search stops; None for no limit.
+        scheduler: Which task gets the next round: "round-robin", "gradient" or a
+            `TaskScheduler`.
+        callbacks: `ansor.callbacks.TuningCallback` objects that see every phase, every
+            measured program and every round.
+        task_weights: How often each task occurs in the whole model, one weight per task.
+        pretrained: Whether the cost model continues from the package's pretrained model; None
+            for the default (yes, unless ANSOR_PRETRAINED=0).
+        transfer_from: Other targets (`Target` objects or their keys) whose records in the
+            database the job starts from.
+        first_programs: Programs (`State`s) of the one task, measured first.
+
+    Returns:
+        The `TuneResult` of the task, or for a list of tasks a list of them in the same order.
+
+    Raises:
+        ValueError: An argument is out of range or does not fit the others.
+        KeyboardInterrupt: On Ctrl-C (or SIGTERM, under
+            `ansor.interrupts.terminate_as_interrupt`), once everything measured is saved; its
+            `.results` holds the partial TuneResults.
     """
     single = isinstance(tasks, Task)
     task_list = [tasks] if single else list(tasks)

@@ -17,6 +17,8 @@ from ansor.te.tensor import Tensor
 
 @dataclass(frozen=True)
 class Workload:
+    """A named workload: how to declare it from a shape, and the baselines it is timed against."""
+
     name: str
     shape_help: str          # what the numbers of --shape mean
     default_shape: tuple[int, ...]

@@ -63,7 +63,7 @@ CUDA = Dialect(
 
 OPENCL = Dialect(
     language="opencl",
-    header="#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n",
+    header="",
     kernel_prefix="__kernel __attribute__((reqd_work_group_size({bx}, {by}, {bz}))) void",
     global_pointer="__global ",
     restrict="restrict",
@@ -100,6 +100,13 @@ class GPUPrinter(CLikePrinter):
         self.PRELUDE: tuple[PreludePiece, ...] = _helpers(dialect.helper_qualifier)
         super().__init__(func)
         self.block = (1, 1, 1)
+        # the kernels are the entry points: they get the function's name first
+        self.names.names.pop(id(func), None)
+        self.names.used.discard(self.fname)
+        self.kernels = kernels_of(func)
+        self.fname = ""
+        for k in self.kernels:
+            self.names(k, k.name)
 
     # --- expressions --------------------------------------------------------------------------
     def math_function(self, name: str, dtype: str) -> str:
@@ -166,7 +173,7 @@ class GPUPrinter(CLikePrinter):
                 + "\n".join(self.lines) + "\n}\n")
 
     def generate(self) -> str:
-        kernels = kernels_of(self.func)
+        kernels = self.kernels
         text = "".join(self.kernel(k) for k in kernels)
         launches = [{"name": self.names(k, k.name), "grid": list(k.grid), "block": list(k.block),
                      "args": [self.names(b, b.name) for b in k.params]} for k in kernels]
@@ -174,7 +181,9 @@ class GPUPrinter(CLikePrinter):
                     "role": b.role if b.role in ("input", "output") else "temp"} for b in self.func.params]
         header = LAUNCH_PREFIX + json.dumps({"language": self.dialect.language, "kernels": launches,
                                              "buffers": buffers}, separators=(",", ":"))
-        return header + "\n" + self.dialect.header + self.prelude() + text
+        uses_double = any(b.dtype == "float64" for b in self.func.params) or "double" in text
+        fp64 = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if uses_double and self.dialect is OPENCL else ""
+        return header + "\n" + fp64 + self.dialect.header + self.prelude() + text
 
 
 def print_gpu(func: ir.PrimFunc, language: str) -> tuple[str, str]:
@@ -186,7 +195,7 @@ def print_gpu(func: ir.PrimFunc, language: str) -> tuple[str, str]:
         raise ValueError(f"{func.name!r} has no GPU kernels: run lower.gpu.lower_for_gpu first")
     printer = GPUPrinter(func, DIALECTS[language])
     source = printer.generate()
-    return source, printer.names(kernels_of(func)[0], kernels_of(func)[0].name)
+    return source, printer.names(printer.kernels[0], printer.kernels[0].name)
 
 
 def launch_metadata(source: str) -> dict:

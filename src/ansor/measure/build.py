@@ -17,7 +17,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ansor.process_lifetime import child_preexec_bound_to_this_thread
@@ -90,6 +90,9 @@ class BuildResult:
     error_no: int
     error_msg: str
     compile_seconds: float
+    # per kernel, what the device compiler reported (CUDA: registers, shared_bytes, spills...);
+    # None where the compiler reports none. Left out of ==/hash: a dict is unhashable.
+    resources: dict[str, dict[str, int]] | None = field(default=None, compare=False)
 
 
 class Builder:

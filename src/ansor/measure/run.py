@@ -16,10 +16,11 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -69,21 +70,26 @@ def evaluate_kernel(
     timing: TimingPolicy = TimingPolicy(),
     rtol: float | None = None,
     atol: float | None = None,
+    loader: Callable[[str, str], Any] = KernelLibrary,
 ) -> RunResult:
     """Load a kernel, run it once, check its outputs against `expected`, then time it.
 
     Outputs are fresh buffers that differ from `expected` everywhere, so a kernel that writes
     nothing is caught; inputs are copied so that a kernel writing into them cannot spoil the next
     candidate's check. All are 64-byte aligned, so every candidate is timed on equally aligned
-    data. Every failure is returned as a result, never raised.
+    data. Every failure is returned as a result, never raised. `loader` opens the built program
+    (a GPU loader follows KernelLibrary's interface: call, timed, prepack, packed_buffers, close).
     """
     start = time.perf_counter()
     try:
-        kernel = KernelLibrary(lib_path, func_name)
+        kernel = loader(lib_path, func_name)
     except AttributeError as err:
         return _failure(MeasureErrorNo.RUNTIME_DEVICE, f"missing symbol: {err}", start)
     except OSError as err:
         return _failure(MeasureErrorNo.COMPILE_DEVICE, f"cannot load library: {err}", start)
+    except Exception as err:  # noqa: BLE001 - e.g. a device program that does not build or load
+        return _failure(MeasureErrorNo.COMPILE_DEVICE, f"cannot load kernel: {type(err).__name__}: {err}",
+                        start)
     try:
         outputs = [aligned_copy(unwritten_like(np.asarray(array))) for array in expected]
         buffers = [aligned_copy(array) for array in inputs] + outputs + kernel.packed_buffers()
@@ -129,6 +135,7 @@ class RunRequest:
     timing: TimingPolicy
     rtol: float | None
     atol: float | None
+    loader: Callable[[str, str], Any] | None = None  # picklable; None: KernelLibrary
 
 
 # The worker imports ansor.measure without running the package __init__ files, which may pull
@@ -162,7 +169,8 @@ class Runner:
 
     A crash (segfault, abort) or a run longer than `timeout` seconds is reported as an error and
     the worker is replaced before the next run. Not thread-safe: measurements are serialized on
-    purpose, since concurrent kernels would disturb each other's timing.
+    purpose, since concurrent kernels would disturb each other's timing. `loader` (picklable,
+    sent to the worker) opens a built program; None: a C library (`KernelLibrary`).
     """
 
     def __init__(
@@ -171,11 +179,13 @@ class Runner:
         timing: TimingPolicy = TimingPolicy(),
         rtol: float | None = None,
         atol: float | None = None,
+        loader: Callable[[str, str], Any] | None = None,
     ) -> None:
         self.timeout = timeout
         self.timing = timing
         self.rtol = rtol
         self.atol = atol
+        self.loader = loader
         self._process: subprocess.Popen | None = None
         self._conn: Connection | None = None
         self._task_dir: tempfile.TemporaryDirectory | None = None
@@ -216,7 +226,7 @@ class Runner:
         task_key, input_paths, expected_paths = self._task
         request = RunRequest(
             task_key, input_paths, expected_paths, os.path.abspath(lib_path), func_name,
-            timing or self.timing, self.rtol, self.atol,
+            timing or self.timing, self.rtol, self.atol, self.loader,
         )
         conn = self._ensure_worker()
         start = time.perf_counter()

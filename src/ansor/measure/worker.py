@@ -16,6 +16,7 @@ import numpy as np
 from ansor.process_lifetime import bind_to_parent
 
 from .errors import MeasureErrorNo
+from .library import KernelLibrary
 from .run import RunRequest, RunResult, evaluate_kernel
 
 
@@ -53,7 +54,7 @@ def serve(conn: Connection) -> None:
             task.load(request)
             result = evaluate_kernel(
                 request.lib_path, request.func_name, task.inputs, task.expected,
-                request.timing, request.rtol, request.atol,
+                request.timing, request.rtol, request.atol, request.loader or KernelLibrary,
             )
         except Exception:  # noqa: BLE001 - report, and stay alive for the next run
             message = traceback.format_exc(limit=3)

@@ -44,7 +44,13 @@ def is_int(dtype: str) -> bool:
 
 
 class Expr:
-    """Base class: every node has a dtype."""
+    """Base class of expression nodes: every node has a dtype.
+
+    Python operators build new nodes: `+ - * / // %` (`/` on floats; `//` and `%` on integers,
+    flooring as in Python), comparisons (bool expressions), and `& | ~` for logical and, or,
+    not. An expression has no Python truth value (`bool(e)` raises TypeError): use
+    `if_then_else` for conditions.
+    """
 
     __slots__ = ("dtype",)
     dtype: str
@@ -131,6 +137,7 @@ class Expr:
         )
 
     def children(self) -> tuple[Expr, ...]:
+        """The node's operands, in order (none for a leaf: a constant or a variable)."""
         return ()
 
     def __repr__(self) -> str:

@@ -12,25 +12,34 @@ from ansor.te.arith import const_bounds
 
 
 class Tensor:
-    """The output of an operation; `tensor[i, j]` reads it inside a compute declaration."""
+    """The output of an operation; `tensor[i, j]` reads it inside a compute declaration.
+
+    Made by `placeholder` and `compute` (and the operators of `te.ops`), not by hand. Indexing
+    takes one integer expression per dimension; slices are refused, and a constant index out
+    of range raises IndexError at once.
+    """
 
     def __init__(self, op: "Operation"):
         self.op = op
 
     @property
     def name(self) -> str:
+        """The name given at declaration (stage names, kernel arguments and messages use it)."""
         return self.op.name
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The extent of each dimension."""
         return self.op.shape
 
     @property
     def dtype(self) -> str:
+        """The element type: "float32", "float64", "int32", "int64" or "bool"."""
         return self.op.dtype
 
     @property
     def ndim(self) -> int:
+        """The number of dimensions."""
         return len(self.shape)
 
     def __getitem__(self, indices) -> E.TensorRead:
@@ -66,11 +75,14 @@ class Tensor:
 
 
 class Operation:
+    """What defines a tensor: an input (`PlaceholderOp`) or a computation (`ComputeOp`)."""
+
     name: str
     shape: tuple[int, ...]
     dtype: str
 
     def input_tensors(self) -> list[Tensor]:
+        """The tensors this operation reads (none for an input)."""
         return []
 
 
@@ -98,9 +110,11 @@ class ComputeOp(Operation):
 
     @property
     def reduce_axes(self) -> tuple[E.IterVar, ...]:
+        """The axes of the body's reduction; empty when the body is not a reduction."""
         return self.body.axes if isinstance(self.body, E.Reduce) else ()
 
     def input_tensors(self) -> list[Tensor]:
+        """The tensors the body reads, in first-use order, without repeats."""
         return E.tensors_read(self.body)
 
 

@@ -1,0 +1,225 @@
+"""GPU programs without a GPU: lowering (kernels, shared memory, barriers, limits), the CUDA and
+OpenCL printers, the GPU sketch rules and annotation. OpenCL programs run on PoCL (the CPU)
+and are compared with numpy; the CPU backend runs the same schedules as a second oracle; CUDA
+sources are compiled by nvcc where it is installed."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import ansor
+from ansor import te
+from ansor.backend import backend_for, generate_source, lower_for
+from ansor.codegen.gpu import launch_metadata
+from ansor.costmodel.features import program_features
+from ansor.lower import ir
+from ansor.lower.gpu import GPUScheduleError, kernels_of
+from ansor.search.annotate_gpu import GPUHardware, annotate_gpu
+from ansor.search.params import SearchParams
+from ansor.search.sketch_policy import SketchPolicy
+from helpers import OPERATORS, assert_close, random_inputs, run_state
+
+OPENCL = ansor.Target.opencl()
+
+
+def _pocl_available() -> bool:
+    try:
+        from ansor.measure.opencl import opencl_platforms
+        return "Portable Computing Language" in opencl_platforms()
+    except Exception:  # noqa: BLE001 - pyopencl missing or no ICD: the tests that run skip
+        return False
+
+
+needs_pocl = pytest.mark.skipif(not _pocl_available(), reason="pyopencl with PoCL is not installed "
+                                "(pip install 'ansor[opencl]')")
+
+
+def run_opencl(source: str, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> list[np.ndarray]:
+    from ansor.measure.opencl import OpenCLKernel
+    with OpenCLKernel(source) as kernel:
+        kernel(*inputs, *outputs)
+    return outputs
+
+
+def gpu_matmul(n: int = 64, m: int = 64, k: int = 64, lengths=(2, 2, 4), k_tile: int = 8,
+               target: ansor.Target = OPENCL) -> tuple[ansor.Task, ansor.State]:
+    """A hand-written GPU schedule of a matmul in the shape the sketch rules make: a local
+    accumulator per thread, A and B tiles in shared memory filled cooperatively."""
+    A = te.placeholder((n, k), name="A")
+    B = te.placeholder((k, m), name="B")
+    task = ansor.Task([A, B, te.ops.matmul(A, B)], target=target)
+    s = ansor.State(task.dag)
+    local = s.stages[s.cache_write("matmul", "local")].name
+    a_sh = s.stages[s.cache_read("A", "shared", [local])].name
+    b_sh = s.stages[s.cache_read("B", "shared", [local])].name
+    i = s.split("matmul", "i", list(lengths))
+    j = s.split("matmul", "j", list(lengths))
+    s.reorder("matmul", [p for pair in zip(i, j) for p in pair])
+    for level, kind in enumerate(("blockIdx.x", "vthread", "threadIdx.x")):
+        s.annotate("matmul", s.fuse("matmul", [i[level], j[level]]), kind)
+    s.compute_at(local, "matmul", s.stages[s.stage_id("matmul")].iters[2].name)
+    ko, ki = [x.name for x in s.split(local, "k", [k_tile])]
+    s.reorder(local, [ko, ki, "i", "j"])
+    threads = lengths[1] * lengths[1]
+    for copy in (a_sh, b_sh):
+        s.compute_at(copy, local, ko)
+        fused = s.fuse(copy, [it.name for it in s.stage(copy).iters])
+        _, inner = s.split(copy, fused, [threads])
+        s.annotate(copy, inner, "threadIdx.x")
+    return task, s
+
+
+def test_gpu_targets_name_their_device_and_limits():
+    cuda = ansor.Target.cuda("sm_80")
+    assert cuda.key == "cuda-sm_80" and cuda.is_gpu and cuda.warp_size == 32
+    assert ansor.Target.opencl().key == "opencl-pocl-cpu"
+    assert ansor.Target.opencl("NVIDIA H100").key == "opencl-nvidia-h100"
+    assert not ansor.Target.host().is_gpu
+    with pytest.raises(ValueError, match="sm_90"):
+        ansor.Target.cuda("hopper")
+
+
+def test_a_matmul_lowers_to_one_kernel_with_block_tiles_in_shared_memory():
+    task, s = gpu_matmul()
+    func = lower_for(s, task.target)
+    (kernel,) = kernels_of(func)
+    assert kernel.grid == (16, 1, 1) and kernel.block == (4, 1, 1)
+    shared = [x.buffer for x in ir.walk_stmts(kernel.body) if isinstance(x, ir.Allocate) and x.buffer.scope == "shared"]
+    # the block's 16 rows (2 virtual threads x 2 threads x 4 values) by the 8-long reduction tile
+    assert sorted(b.shape for b in shared) == [(8, 16), (16, 8)]
+    assert isinstance(kernel.body, ir.Allocate) and kernel.body.buffer.scope == "shared"  # at the top
+    barriers = [x for x in ir.walk_stmts(kernel.body) if isinstance(x, ir.Barrier)]
+    assert len(barriers) == 2  # before the fills (the last step's readers) and after them
+
+
+def test_printed_sources_carry_their_launch_and_show_the_tiles():
+    task, s = gpu_matmul()
+    cl_source, entry = generate_source(s, task.target)
+    meta = launch_metadata(cl_source)
+    assert meta["language"] == "opencl"
+    assert meta["kernels"] == [{"name": entry, "grid": [16, 1, 1], "block": [4, 1, 1], "args": ["A", "B", "matmul"]}]
+    assert [b["role"] for b in meta["buffers"]] == ["input", "input", "output"]
+    assert "__local float A_shared[128];" in cl_source and "barrier(CLK_LOCAL_MEM_FENCE);" in cl_source
+    assert "reqd_work_group_size(4, 1, 1)" in cl_source and "get_local_id(0)" in cl_source
+    cuda_task, cuda_state = gpu_matmul(target=ansor.Target.cuda())
+    cu_source, _ = generate_source(cuda_state, cuda_task.target)
+    assert "__shared__ float A_shared[128];" in cu_source and "__syncthreads();" in cu_source
+    assert '__launch_bounds__(4)' in cu_source and "threadIdx.x" in cu_source
+
+
+@needs_pocl
+@pytest.mark.parametrize("shape", [(64, 64, 64), (60, 52, 36)])
+def test_a_hand_written_gpu_matmul_matches_numpy_on_pocl(shape):
+    n, m, k = shape
+    task, s = gpu_matmul(n, m, k, lengths=(2, 4, 2), k_tile=6)  # 60 = 8*7 + 4: partial tiles
+    a, b = random_inputs(task)
+    (out,) = run_opencl(generate_source(s, task.target)[0], [a, b], [np.zeros((n, m), np.float32)])
+    assert_close(out, a.astype(np.float64) @ b)
+
+
+def test_the_cpu_backend_runs_a_gpu_schedule_as_a_second_oracle(builder):
+    """Loops bound to threads run serially on the CPU; a shared tile covers the block there too."""
+    task, s = gpu_matmul(24, 20, 12, lengths=(1, 2, 3), k_tile=4)
+    cpu_task = ansor.Task(task.dag.tensors, target=ansor.Target.host())
+    a, b = random_inputs(cpu_task)
+    assert_close(run_state(cpu_task, s, builder, [a, b]), a.astype(np.float64) @ b)
+
+
+def test_a_check_on_the_thread_index_never_wraps_a_barrier():
+    """With 60 rows in tiles of 8, threads past the edge skip their stores, yet still fill
+    shared memory and reach every barrier."""
+    task, s = gpu_matmul(60, 64, 32, lengths=(2, 4, 1), k_tile=8)
+    (kernel,) = kernels_of(lower_for(s, task.target))
+
+    def check(stmt, guarded):
+        if isinstance(stmt, ir.Barrier):
+            assert not guarded, "a barrier under a thread-dependent check"
+        if isinstance(stmt, ir.IfThenElse):
+            guarded = guarded or any(v.name.startswith("i.") for v in te.expr.free_vars(stmt.cond))
+        for child in ([stmt.body] if hasattr(stmt, "body") else []) + (list(stmt.stmts) if isinstance(stmt, ir.Seq) else []) \
+                + ([stmt.then] if isinstance(stmt, ir.IfThenElse) else []):
+            check(child, guarded)
+
+    check(kernel.body, False)
+
+
+def test_the_verifier_rejects_what_the_target_cannot_run():
+    task, s = gpu_matmul(lengths=(2, 16, 1))  # 256 threads
+    small = ansor.Target.opencl(max_threads=128)
+    with pytest.raises(GPUScheduleError, match="256 threads per block, over the target's 128"):
+        lower_for(s, small)
+    assert program_features(s, target=small).shape[0] == 0  # no features: ranked last
+    assert program_features(s, target=OPENCL).shape[0] > 0
+    tiny_shared = ansor.Target.opencl(shared_memory=256)
+    with pytest.raises(GPUScheduleError, match="shared memory"):
+        lower_for(gpu_matmul()[1], tiny_shared)
+    A = te.placeholder((8, 8), name="A")
+    plain = ansor.Task([A, te.ops.relu(A)], target=OPENCL)
+    with pytest.raises(GPUScheduleError, match="must be bound to blockIdx"):
+        lower_for(ansor.State(plain.dag), OPENCL)
+
+
+def test_gpu_sketches_copy_tiled_inputs_to_shared_memory():
+    task = ansor.Task(OPERATORS["matmul"].make(), target=OPENCL)
+    (sketch,) = SketchPolicy(task, seed=0).sketches
+    assert sketch.history == ["add_cache_write(matmul)", "multi_level_tiling_with_fusion(matmul.local, fused at level 3)",
+                              "add_cache_read_shared(B)", "add_cache_read_shared(A)"]
+
+
+def test_gpu_annotation_keeps_blocks_within_the_limits():
+    task = ansor.Task(OPERATORS["matmul"].make(), target=OPENCL)
+    policy = SketchPolicy(task, seed=0)
+    hw = GPUHardware(max_threads=64, max_vthread=2, warp_size=8, max_thread_tile=16)
+    rng = random.Random(0)
+    made = [annotate_gpu(policy.sketches[0].steps, task.dag, rng, SearchParams(), hw) for _ in range(30)]
+    made = [p for p in made if p is not None]
+    assert len(made) >= 20
+    for program in made:
+        (kernel,) = kernels_of(lower_for(program, ansor.Target.opencl(max_threads=64)))
+        assert 8 <= kernel.threads <= 64
+
+
+GPU_CASES = ["matmul", "matmul_bias_relu", "batch_matmul", "conv2d_s2", "depthwise_conv2d", "softmax",
+             "layer_norm", "norm2", "max_pool2d", "elementwise_chain"]
+
+
+@needs_pocl
+@pytest.mark.parametrize("name", GPU_CASES)
+def test_sampled_gpu_programs_match_numpy_on_pocl(name):
+    op = OPERATORS[name]
+    task = ansor.Task(op.make(), target=OPENCL)
+    programs = SketchPolicy(task, seed=3).sample(3)
+    assert programs
+    inputs = random_inputs(task)
+    expected = op.reference(*[x.astype(np.float64) for x in inputs])
+    for program in programs:
+        source, _ = generate_source(program, task.target)
+        (out,) = run_opencl(source, inputs, [np.zeros(task.outputs[0].shape, np.float32)])
+        assert_close(out, expected, f"{name}\n{program}")
+
+
+def test_sampled_gpu_programs_have_gpu_features():
+    task = ansor.Task(OPERATORS["conv2d_s1"].make(), target=OPENCL)
+    program = SketchPolicy(task, seed=1).sample(1)[0]
+    from ansor.costmodel.features import FEATURE_NAMES
+    rows = program_features(program, target=OPENCL)
+    assert rows.shape[0] > 0 and rows[0][FEATURE_NAMES.index("is_gpu")] == 1
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_generated_cuda_compiles_with_nvcc(tmp_path):
+    task = ansor.Task(OPERATORS["conv2d_s1"].make(), target=ansor.Target.cuda())
+    sources = [generate_source(p, task.target)[0] for p in SketchPolicy(task, seed=4).sample(2)]
+    sources.append(generate_source(gpu_matmul(target=ansor.Target.cuda())[1], ansor.Target.cuda())[0])
+    for n, source in enumerate(sources):
+        path = tmp_path / f"k{n}.cu"
+        path.write_text(source)
+        done = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-Xptxas", "-v", "-o", str(tmp_path / f"k{n}.cubin"),
+                               str(path)], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr + source
+        assert "bytes spill" not in done.stderr or "0 bytes spill stores" in done.stderr
