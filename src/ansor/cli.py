@@ -182,13 +182,30 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{opt}", type=int, default=None,
                        help=f"{opt} of the workloads that take it (default: the workload's own, see "
                             f"`ansor workloads`)")
+    p.add_argument("--target", choices=["cpu", "cuda", "opencl"], default="cpu",
+                   help="the hardware: this CPU, an NVIDIA GPU (CUDA) or an OpenCL device (default cpu)")
+    p.add_argument("--arch", default="sm_90",
+                   help="CUDA compute capability of --target cuda (default sm_90)")
+    p.add_argument("--device", default="pocl-cpu",
+                   help="OpenCL device of --target opencl: pocl-cpu runs GPU programs on this CPU through "
+                        "PoCL, to check them without a GPU (default pocl-cpu)")
+
+
+def _target_from_args(args):
+    import ansor
+
+    if args.target == "cuda":
+        return ansor.Target.cuda(args.arch)
+    if args.target == "opencl":
+        return ansor.Target.opencl(args.device)
+    return ansor.Target.host()
 
 
 def _task_from_args(args):
     from ansor.workloads import make_task
 
     opts = {k: getattr(args, k) for k in WORKLOAD_OPTIONS}
-    return make_task(args.workload, args.shape, args.dtype, **opts)
+    return make_task(args.workload, args.shape, args.dtype, target=_target_from_args(args), **opts)
 
 
 def _version() -> str:
@@ -216,6 +233,7 @@ def _main(argv: list[str] | None) -> int:
         print("ansor: error: give a command; `ansor --help` lists them", file=sys.stderr)
         return 2
     from ansor.database import DatabaseError
+    from ansor.measure.errors import DeviceUnavailableError
     from ansor.schedule.state import ScheduleError
 
     commands = {"tune": cmd_tune, "show": cmd_show, "workloads": cmd_workloads, "sketches": cmd_sketches,
@@ -223,7 +241,8 @@ def _main(argv: list[str] | None) -> int:
                 "tune-model": cmd_tune_model, "run-model": cmd_run_model}
     try:
         return commands[args.command](args)
-    except (KeyError, ValueError, TypeError, DatabaseError, ScheduleError, FileNotFoundError) as exc:
+    except (KeyError, ValueError, TypeError, DatabaseError, ScheduleError, FileNotFoundError,
+            DeviceUnavailableError) as exc:
         # bad input from the command line or a bad file: a one-line message, not a traceback
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"ansor: error: {message}", file=sys.stderr)
@@ -294,7 +313,7 @@ def cmd_sample(args) -> int:
         console.print(schedule_text(state), markup=False, highlight=False)
         if not args.no_source:
             source, _ = generate_source(state, task.target, f"{task.name}_kernel")
-            body = source[source.index("\nvoid "):]
+            body = source[source.index("\nvoid "):] if "\nvoid " in source else source.split("\n", 1)[1]
             console.print(body, markup=False, highlight=False)
     return 0
 
@@ -306,6 +325,8 @@ def cmd_tune(args) -> int:
 
     task = _task_from_args(args)
     if args.isa is not None or args.cores is not None:
+        if task.target.kind != "cpu":
+            raise ValueError("--isa and --cores describe a CPU target; this one is " + task.target.key)
         task.target = ansor.Target.host(isa=args.isa, num_cores=args.cores)
     if args.trials < 0:
         raise ValueError("--trials must be >= 0")

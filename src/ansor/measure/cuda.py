@@ -28,7 +28,7 @@ import numpy as np
 from ansor.process_lifetime import child_preexec_bound_to_this_thread
 
 from .build import MAX_ERROR_CHARS, BuildResult, _kill_group, _write_atomically, default_cache_dir
-from .errors import MeasureErrorNo
+from .errors import DeviceUnavailableError, MeasureErrorNo
 from .gpu_module import GPUModule
 from .run import Runner
 from .timing import TimingPolicy
@@ -37,7 +37,7 @@ NO_DEVICE_MESSAGE = "no CUDA device: CUDA programs can be built and inspected he
 INSTALL_HINT = "pip install 'ansor[cuda]'"
 
 
-class NoCudaDeviceError(RuntimeError):
+class NoCudaDeviceError(DeviceUnavailableError):
     """CuPy or a CUDA GPU is missing: programs can be built, not run."""
 
 

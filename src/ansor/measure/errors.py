@@ -22,3 +22,8 @@ class MeasureErrorNo(enum.IntEnum):
     BUILD_TIMEOUT = 6
     RUN_TIMEOUT = 7
     UNKNOWN_ERROR = 8
+
+
+class DeviceUnavailableError(RuntimeError):
+    """The target's device or its runtime is missing here (no GPU, no OpenCL platform): its
+    programs can be generated and built, not run."""

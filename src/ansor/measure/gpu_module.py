@@ -21,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from ansor.codegen.gpu import LAUNCH_PREFIX as HEADER_PREFIX  # the printer writes what this reads
+# what `codegen.gpu` writes (the same text: tested); not imported from there, so the measurement
+# worker, which loads ansor.measure alone, stays free of the compiler's modules
+HEADER_PREFIX = "// ansor-launch: "
 LANGUAGES = ("opencl", "cuda")
 ROLES = ("input", "output", "temp")
 #: dtype name -> numpy dtype; bool is one byte on the device (uint8), as numpy stores it

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from .build import MAX_ERROR_CHARS, BuildResult, _write_atomically, default_cache_dir
-from .errors import MeasureErrorNo
+from .errors import DeviceUnavailableError, MeasureErrorNo
 from .gpu_module import GPUModule
 from .run import Runner
 from .timing import TimingPolicy
@@ -39,7 +39,7 @@ INSTALL_HINT = "pip install 'ansor[opencl]'"
 EVENTS_PER_WAIT = 256  # launches whose profiling events are held before they are read
 
 
-class OpenCLUnavailableError(RuntimeError):
+class OpenCLUnavailableError(DeviceUnavailableError):
     """pyopencl, or the requested OpenCL platform, is not installed."""
 
 

@@ -119,8 +119,9 @@ def _tile_levels(state: State, sid: int) -> list[list[str]] | None:
     return levels
 
 
-def bind_threads(state: State, rng: random.Random, hw: GPUHardware) -> None:
-    """Bind every root stage's loops to blocks and threads."""
+def bind_threads(state: State, rng: random.Random, hw: GPUHardware, threads: int | None = None) -> None:
+    """Bind every root stage's loops to blocks and threads (an untiled stage's blocks of
+    `threads` threads, drawn when None)."""
     for sid, st in enumerate(state.stages):
         if st.is_placeholder or st.attach != "root":
             continue
@@ -138,9 +139,9 @@ def bind_threads(state: State, rng: random.Random, hw: GPUHardware) -> None:
         if not spatial:
             raise ScheduleError(f"stage {st.name!r} has no spatial loop to bind to GPU threads")
         fused = state.fuse(sid, spatial) if len(spatial) > 1 else state.stages[sid].iters[0]
-        threads = rng.choice([t for t in THREAD_COUNTS if t <= hw.max_threads] or [hw.max_threads])
-        threads = min(threads, fused.extent)
-        outer, inner = state.split(sid, fused.name, [threads])
+        block = threads or rng.choice([t for t in THREAD_COUNTS if t <= hw.max_threads] or [hw.max_threads])
+        block = min(block, hw.max_threads, fused.extent)
+        outer, inner = state.split(sid, fused.name, [block])
         state.annotate(sid, outer.name, "blockIdx.x")
         state.annotate(sid, inner.name, "threadIdx.x")
 

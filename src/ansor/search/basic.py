@@ -11,6 +11,7 @@ import random
 
 from ansor.schedule.state import ScheduleError, State
 from ansor.search.annotate import divisors, sample_factors
+from ansor.search.annotate_gpu import GPUHardware, bind_threads
 from ansor.search.policy import SearchPolicy
 from ansor.task import Task
 
@@ -121,10 +122,19 @@ class RandomSearchPolicy(SearchPolicy):
         return out
 
 
+DEFAULT_GPU_THREADS = 64  # a block of the untuned GPU program: two warps, fits every GPU
+
+
 def default_schedule(task: Task) -> State:
-    """The untuned program used when no record exists: inline, parallel outer loops."""
+    """The untuned program used when no record exists: inline, parallel outer loops (on a GPU:
+    each root stage's spatial loops fused and cut into blocks of 64 threads)."""
     s = State(task.dag)
     inline_elementwise(s)
+    target = task.target
+    if target.is_gpu:
+        hw = GPUHardware(target.max_threads_per_block, target.max_vthread_extent, target.warp_size)
+        bind_threads(s, random.Random(0), hw, threads=DEFAULT_GPU_THREADS)
+        return s
     for sid, st in enumerate(s.stages):
         if st.is_placeholder or st.attach != "root":
             continue
