@@ -164,7 +164,8 @@ class Kernel:
         if include_prepack and self.packs_ahead:
             buffers = arrays + self._outputs(None) + self._lib.packed_buffers()
             return statistics.median(measure_costs(_PackingEachCall(self._lib), buffers, policy))
-        res = time_function(self.lib_path, self.func_name, arrays, self._outputs(None), policy)
+        res = time_function(self.lib_path, self.func_name, arrays, self._outputs(None), policy,
+                            loader=backend_for(self.task.target).loader)
         return res.median
 
     def close(self) -> None:

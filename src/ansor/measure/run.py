@@ -112,11 +112,13 @@ def time_function(
     inputs: Sequence[np.ndarray],
     outputs: Sequence[np.ndarray],
     timing: TimingPolicy = TimingPolicy(),
+    loader: Callable[[str, str], Any] = KernelLibrary,
 ) -> RunResult:
     """Time a kernel in this process on the caller's buffers, without a check; errors raise.
-    Constant inputs are packed once, before the timed calls (as during tuning)."""
+    Constant inputs are packed once, before the timed calls (as during tuning). `loader` opens
+    the built program (a GPU backend's loader for its programs)."""
     start = time.perf_counter()
-    with KernelLibrary(lib_path, func_name) as kernel:
+    with loader(lib_path, func_name) as kernel:
         buffers = [*inputs, *outputs, *kernel.packed_buffers()]
         kernel.prepack(buffers)
         costs = measure_costs(kernel, buffers, timing)
