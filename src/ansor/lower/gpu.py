@@ -59,7 +59,7 @@ def lower_for_gpu(func: ir.PrimFunc, limits: GPULimits) -> ir.PrimFunc:
     prepack = func.attrs.get("prepack")
     nests: list[ir.Stmt] = flat_seq(prepack.body) if prepack is not None else []
     temps, body = _peel_allocates(func.body)
-    nests += [n for n in flat_seq(body)]
+    nests += flat_seq(body)
     params = list(func.params) + temps
     kernels = [_kernel(func.name if len(nests) == 1 else f"{func.name}_{i}", nest, params, limits)
                for i, nest in enumerate(nests)]
@@ -221,7 +221,7 @@ def _guard_all_but_fills(stmt: ir.Stmt, cond: E.Expr) -> ir.Stmt:
 def _insert_barriers(stmt: ir.Stmt) -> ir.Stmt:
     """A barrier before and after each run of consecutive fills in a sequence."""
     t = type(stmt)
-    if t is ir.Seq or (_is_fill(stmt) and t is not ir.Seq):
+    if t is ir.Seq or _is_fill(stmt):
         items = flat_seq(stmt)
         out: list[ir.Stmt] = []
         filling = False

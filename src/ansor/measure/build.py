@@ -95,31 +95,26 @@ class BuildResult:
     resources: dict[str, dict[str, int]] | None = field(default=None, compare=False)
 
 
-class Builder:
-    """Compiles C sources into a content-addressed cache directory, several at a time."""
+class CachedBuilder:
+    """What every builder shares: sources compiled into a content-addressed cache directory,
+    several at a time, each distinct text once. A subclass says how a source is keyed
+    (`source_hash`: the text and everything that changes what it compiles to), what its
+    product is called (`SUFFIX`) and how one is built (`_build_one`)."""
 
-    def __init__(
-        self,
-        cache_dir: str | Path | None = None,
-        n_parallel: int | None = None,
-        timeout: float = 30.0,
-        compiler: str | None = None,
-        cflags: tuple[str, ...] = DEFAULT_CFLAGS,
-    ) -> None:
+    SUFFIX = ".so"
+
+    def __init__(self, cache_dir: str | Path | None = None, n_parallel: int | None = None,
+                 timeout: float = 30.0) -> None:
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.n_parallel = max(1, n_parallel or os.cpu_count() or 1)
         self.timeout = timeout
-        self.compiler = compiler if compiler is not None else default_compiler()
-        self.cflags = tuple(cflags)
 
     def source_hash(self, source: str) -> str:
-        """Cache key: the same text built by the same compiler with the same flags."""
-        key = "\0".join((source, self.compiler, *self.cflags, *LINK_FLAGS))
-        return hashlib.sha256(key.encode()).hexdigest()
+        raise NotImplementedError
 
     def lib_path(self, source: str) -> Path:
-        """Where the library for `source` is (or will be) cached."""
-        return self.cache_dir / f"{self.source_hash(source)}.so"
+        """Where the product of `source` is (or will be) cached."""
+        return self.cache_dir / f"{self.source_hash(source)}{self.SUFFIX}"
 
     def build(self, sources: Sequence[str]) -> list[BuildResult]:
         """Compile every source (duplicates once), in parallel; results in input order."""
@@ -135,8 +130,31 @@ class Builder:
         return [results[self.source_hash(source)] for source in sources]
 
     def compile_one(self, source: str) -> BuildResult:
-        """Compile a single source (through the cache)."""
         return self.build([source])[0]
+
+    def _build_one(self, source_hash: str, source: str) -> BuildResult:
+        raise NotImplementedError
+
+
+class Builder(CachedBuilder):
+    """Compiles C sources into a content-addressed cache directory, several at a time."""
+
+    def __init__(
+        self,
+        cache_dir: str | Path | None = None,
+        n_parallel: int | None = None,
+        timeout: float = 30.0,
+        compiler: str | None = None,
+        cflags: tuple[str, ...] = DEFAULT_CFLAGS,
+    ) -> None:
+        super().__init__(cache_dir, n_parallel, timeout)
+        self.compiler = compiler if compiler is not None else default_compiler()
+        self.cflags = tuple(cflags)
+
+    def source_hash(self, source: str) -> str:
+        """Cache key: the same text built by the same compiler with the same flags."""
+        key = "\0".join((source, self.compiler, *self.cflags, *LINK_FLAGS))
+        return hashlib.sha256(key.encode()).hexdigest()
 
     def _build_one(self, source_hash: str, source: str) -> BuildResult:
         lib_path = self.cache_dir / f"{source_hash}.so"

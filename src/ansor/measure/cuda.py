@@ -19,7 +19,6 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ import numpy as np
 
 from ansor.process_lifetime import child_preexec_bound_to_this_thread
 
-from .build import MAX_ERROR_CHARS, BuildResult, _kill_group, _write_atomically, default_cache_dir
+from .build import MAX_ERROR_CHARS, BuildResult, CachedBuilder, _kill_group, _write_atomically
 from .errors import DeviceUnavailableError, MeasureErrorNo
 from .gpu_module import GPUModule
 from .run import Runner
@@ -87,7 +86,7 @@ def parse_ptxas_resources(output: str) -> dict[str, dict[str, int]]:
     return resources
 
 
-class CudaBuilder:
+class CudaBuilder(CachedBuilder):
     """Compiles CUDA programs to cubins with nvcc, cached by source hash, several at a time.
 
     The interface of `measure.Builder`; each BuildResult's `resources` holds the per-kernel
@@ -105,10 +104,8 @@ class CudaBuilder:
         flags: Sequence[str] = (),
         allow_spills: bool = False,
     ) -> None:
+        super().__init__(cache_dir, n_parallel, timeout)
         self.arch = _normalize_arch(arch)
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        self.n_parallel = max(1, n_parallel or os.cpu_count() or 1)
-        self.timeout = timeout
         self.nvcc = nvcc
         self.flags = tuple(flags)
         self.allow_spills = allow_spills
@@ -122,23 +119,7 @@ class CudaBuilder:
         key = "\0".join((source, *self.command("", "")))
         return hashlib.sha256(key.encode()).hexdigest()
 
-    def lib_path(self, source: str) -> Path:
-        return self.cache_dir / f"{self.source_hash(source)}.cubin"
-
-    def build(self, sources: Sequence[str]) -> list[BuildResult]:
-        """Compile every source (duplicates once), in parallel; results in input order."""
-        unique: dict[str, str] = {}
-        for source in sources:
-            unique.setdefault(self.source_hash(source), source)
-        if not unique:
-            return []
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        with ThreadPoolExecutor(max_workers=min(self.n_parallel, len(unique))) as pool:
-            results = dict(zip(unique, pool.map(self._build_one, unique, unique.values())))
-        return [results[self.source_hash(source)] for source in sources]
-
-    def compile_one(self, source: str) -> BuildResult:
-        return self.build([source])[0]
+    SUFFIX = ".cubin"
 
     def _build_one(self, source_hash: str, source: str) -> BuildResult:
         ok = int(MeasureErrorNo.NO_ERROR)

@@ -18,14 +18,13 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from functools import cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from .build import MAX_ERROR_CHARS, BuildResult, _write_atomically, default_cache_dir
+from .build import MAX_ERROR_CHARS, BuildResult, CachedBuilder, _write_atomically
 from .errors import DeviceUnavailableError, MeasureErrorNo
 from .gpu_module import GPUModule
 from .run import Runner
@@ -272,7 +271,7 @@ def _call_with_timeout(func: Callable[[], _T], timeout: float) -> _T:
     return outcome["value"]
 
 
-class OpenCLBuilder:
+class OpenCLBuilder(CachedBuilder):
     """Validates OpenCL programs by compiling them for the platform's device, and caches the
     sources that compile as `<cache_dir>/<sha256>.cl` (the "library" a loader opens).
 
@@ -287,9 +286,7 @@ class OpenCLBuilder:
         timeout: float = 30.0,
         platform: str = DEFAULT_PLATFORM,
     ) -> None:
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        self.n_parallel = max(1, n_parallel or os.cpu_count() or 1)
-        self.timeout = timeout
+        super().__init__(cache_dir, n_parallel, timeout)
         self.platform = platform
         find_device(platform)  # fail now, with the reason, rather than once per program
 
@@ -297,23 +294,7 @@ class OpenCLBuilder:
         """Cache key: the same text validated on the same platform."""
         return hashlib.sha256("\0".join((source, "opencl", self.platform)).encode()).hexdigest()
 
-    def lib_path(self, source: str) -> Path:
-        return self.cache_dir / f"{self.source_hash(source)}.cl"
-
-    def build(self, sources: Sequence[str]) -> list[BuildResult]:
-        """Validate every source (duplicates once), in parallel; results in input order."""
-        unique: dict[str, str] = {}
-        for source in sources:
-            unique.setdefault(self.source_hash(source), source)
-        if not unique:
-            return []
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        with ThreadPoolExecutor(max_workers=min(self.n_parallel, len(unique))) as pool:
-            results = dict(zip(unique, pool.map(self._build_one, unique, unique.values())))
-        return [results[self.source_hash(source)] for source in sources]
-
-    def compile_one(self, source: str) -> BuildResult:
-        return self.build([source])[0]
+    SUFFIX = ".cl"
 
     def _build_one(self, source_hash: str, source: str) -> BuildResult:
         path = self.cache_dir / f"{source_hash}.cl"
