@@ -125,7 +125,7 @@ def test_a_hand_written_gpu_matmul_matches_numpy_on_pocl(shape):
 def test_the_cpu_backend_runs_a_gpu_schedule_as_a_second_oracle(builder):
     """Loops bound to threads run serially on the CPU; a shared tile covers the block there too."""
     task, s = gpu_matmul(24, 20, 12, lengths=(1, 2, 3), k_tile=4)
-    cpu_task = ansor.Task(task.dag.tensors, target=ansor.Target.host())
+    cpu_task = ansor.Task(task.dag.io_tensors, target=ansor.Target.host())
     a, b = random_inputs(cpu_task)
     assert_close(run_state(cpu_task, s, builder, [a, b]), a.astype(np.float64) @ b)
 
@@ -286,3 +286,45 @@ def test_the_cli_targets_gpus(tmp_path, capsys):
     assert main(["tune", "matmul", "--shape", "32,32,32", "--target", "opencl", "--isa", "avx2",
                  "--database", str(tmp_path / "x.db")]) == 2
     assert "--isa and --cores describe a CPU target" in capsys.readouterr().err
+
+
+def _row_task(name: str, rows: int, cols: int) -> ansor.Task:
+    X = te.placeholder((rows, cols), name="X")
+    out = te.ops.softmax(X) if name == "softmax" else te.ops.norm2(X)
+    return ansor.Task([X, out], target=OPENCL)
+
+
+def test_a_reduction_longer_than_a_warp_is_shared_by_the_threads_of_a_block():
+    task = _row_task("softmax", 6, 70)
+    (sketch,) = SketchPolicy(task, seed=0).sketches
+    assert [h.split("(")[0] for h in sketch.history].count("cross_thread_reduction") == 2  # max and sum
+    program = SketchPolicy(task, seed=0).sample(1)[0]
+    kernels = kernels_of(lower_for(program, OPENCL))
+    reducing = [k for k in kernels if any(isinstance(s, ir.Allocate) and s.buffer.name.endswith("_red")
+                                          for s in ir.walk_stmts(k.body))]
+    assert len(reducing) == 2 and all(k.grid == (6, 1, 1) and k.block == (32, 1, 1) for k in reducing)
+    with pytest.raises(ansor.ScheduleError, match="cannot be bound to blockIdx.x"):
+        s = ansor.State(task.dag)
+        s.annotate("softmax_max", "k", "blockIdx.x")
+
+
+@needs_pocl
+@pytest.mark.parametrize("name,shape", [("softmax", (6, 70)), ("norm2", (12, 20))])
+def test_cross_thread_reductions_match_numpy_on_pocl_and_the_cpu(name, shape, builder):
+    task = _row_task(name, *shape)
+    (x,) = random_inputs(task)
+    expected = OPERATORS[name].reference(x.astype(np.float64))
+    cpu_task = ansor.Task(task.dag.io_tensors, target=ansor.Target.host())
+    for program in SketchPolicy(task, seed=1).sample(2):
+        (out,) = run_opencl(generate_source(program, task.target)[0], [x], [np.zeros(expected.shape, np.float32)])
+        assert_close(out, expected, str(program))
+        assert_close(run_state(cpu_task, program, builder, [x]), expected)  # threads run serially there
+
+
+@pytest.mark.skipif(not _oclgrind_available(), reason="Oclgrind is not installed (pip install 'ansor[opencl]')")
+def test_cross_thread_reductions_are_free_of_races_under_oclgrind():
+    from ansor.measure.oclgrind import race_check
+    task = _row_task("softmax", 3, 45)
+    (x,) = random_inputs(task)
+    program = SketchPolicy(task, seed=2).sample(1)[0]
+    assert race_check(generate_source(program, task.target)[0], [x]) == ""

@@ -16,6 +16,9 @@ GPU adds, done here:
 - a bounds check that depends on the thread index, around a statement that contains a fill,
   is moved onto the statements that are not fills: a barrier must be reached by every thread
   of the block (a barrier under a thread-dependent branch is undefined behaviour);
+- a reduction whose loop is bound to threadIdx (a cross-thread reduction) accumulates a
+  partial result per thread, then the block combines them in shared memory (a tree of halving
+  steps with a barrier after each) and one thread writes the result;
 - the verifier rejects a program the target cannot run (threads per block, shared memory,
   virtual threads, local memory per thread, unbound stages) with `GPUScheduleError`, before
   it is built: such a program has no features, so the search ranks it last.
@@ -102,6 +105,7 @@ def _kernel(name: str, nest: ir.Stmt, params: list[ir.Buffer], limits: GPULimits
     if threads > limits.max_threads:
         raise GPUScheduleError(f"stage {stage!r}: {threads} threads per block, over the target's "
                                f"{limits.max_threads}")
+    nest = _cross_thread_reductions(nest, stage)
     thread_vars: set[int] = set()
     _check_bound_writes(nest, threads > 1, thread_vars, stage)
     body = _sink_thread_guards(nest, thread_vars)
@@ -219,8 +223,11 @@ def _guard_all_but_fills(stmt: ir.Stmt, cond: E.Expr) -> ir.Stmt:
 
 
 def _insert_barriers(stmt: ir.Stmt) -> ir.Stmt:
-    """A barrier before and after each run of consecutive fills in a sequence."""
+    """A barrier before and after each run of consecutive fills in a sequence (a statement
+    with barriers of its own, a cross-thread reduction, synchronizes itself)."""
     t = type(stmt)
+    if _has_barrier(stmt):
+        return stmt
     if t is ir.Seq or _is_fill(stmt):
         items = flat_seq(stmt)
         out: list[ir.Stmt] = []
@@ -335,3 +342,133 @@ def _buffers_touched(stmt: ir.Stmt) -> list[ir.Buffer]:
                 if isinstance(n, ir.BufferLoad):
                     out[id(n.buffer)] = n.buffer
     return list(out.values())
+
+
+# --- cross-thread reduction ----------------------------------------------------------------------
+
+_COMBINERS = ("+", "max", "min")
+
+
+def _same_access(a: ir.BufferLoad, buffer: ir.Buffer, indices) -> bool:
+    from ansor.te.printer import expr_to_str
+    return a.buffer is buffer and [expr_to_str(i) for i in a.indices] == [expr_to_str(i) for i in indices]
+
+
+def _reduction_update(store: ir.Store) -> tuple[str, E.Expr] | None:
+    """(combiner, value added) when `store` is `B[i] = B[i] op value`."""
+    v = store.value
+    if not isinstance(v, E.BinOp) or v.op not in _COMBINERS:
+        return None
+    for mine, other in ((v.a, v.b), (v.b, v.a)):
+        if isinstance(mine, ir.BufferLoad) and _same_access(mine, store.buffer, store.indices):
+            return v.op, other
+    return None
+
+
+def _thread_reduction(stmt: ir.Stmt) -> tuple[ir.For, ir.Store] | None:
+    """The thread loop and the update of a reduction nest whose reduction is bound to threads:
+    a store to memory the block shares, inside a threadIdx loop, at indices that use no
+    variable of the nest's own loops."""
+    if not isinstance(stmt, ir.For):
+        return None
+    loops: dict[int, ir.For] = {}
+    for s in ir.walk_stmts(stmt):
+        if isinstance(s, ir.For):
+            loops[id(s.var)] = s
+    threads = [f for f in loops.values() if f.kind in THREAD_KINDS]
+    if not threads:
+        return None
+    for s in ir.walk_stmts(stmt):
+        if isinstance(s, ir.Store) and s.buffer.scope != "local" and _reduction_update(s) is not None:
+            used = {id(v) for i in s.indices for v in E.free_vars(i)}
+            if not used & set(loops):
+                inside = [f for f in threads if any(x is s for x in ir.walk_stmts(f.body))]
+                if inside:
+                    return inside[0], s
+    return None
+
+
+def _initial_store(stmt: ir.Stmt, store: ir.Store) -> E.Expr | None:
+    """The value of `stmt` if it is the reduction's initialization `B[i] = identity`."""
+    if isinstance(stmt, ir.Store) and stmt.buffer is store.buffer and isinstance(stmt.value, E.Const) \
+            and _same_access(ir.BufferLoad(stmt.buffer, stmt.indices), store.buffer, store.indices):
+        return stmt.value
+    return None
+
+
+def _cross_thread_reductions(stmt: ir.Stmt, stage: str) -> ir.Stmt:
+    """Every `init; reduction nest` pair whose reduction is bound to threads, rewritten so
+    the threads combine their partial results in shared memory."""
+    t = type(stmt)
+    if t is ir.Seq:
+        out: list[ir.Stmt] = []
+        for item in flat_seq(stmt):
+            found = _thread_reduction(item)
+            if found is None:
+                out.append(_cross_thread_reductions(item, stage))
+                continue
+            thread_loop, store = found
+            identity = _initial_store(out[-1], store) if out else None
+            if identity is None:
+                raise GPUScheduleError(f"stage {stage!r}: a reduction bound to {thread_loop.kind} whose "
+                                       f"initialization is not right before it")
+            out[-1] = _all_reduce(item, thread_loop, store, identity)
+        return ir.Seq(out)
+    if t is ir.For:
+        return ir.For(stmt.var, stmt.extent, stmt.kind, _cross_thread_reductions(stmt.body, stage),
+                      stmt.unroll_hint)
+    if t is ir.Allocate:
+        return ir.Allocate(stmt.buffer, _cross_thread_reductions(stmt.body, stage))
+    if t is ir.IfThenElse:
+        orelse = _cross_thread_reductions(stmt.orelse, stage) if stmt.orelse is not None else None
+        return ir.IfThenElse(stmt.cond, _cross_thread_reductions(stmt.then, stage), orelse)
+    if _thread_reduction(stmt) is not None:
+        raise GPUScheduleError(f"stage {stage!r}: a reduction bound to threads without its initialization")
+    return stmt
+
+
+def _all_reduce(nest: ir.For, thread_loop: ir.For, store: ir.Store, identity: E.Expr) -> ir.Stmt:
+    """Each thread accumulates into a private partial result (the nest as scheduled, its
+    update redirected), the partials meet in a shared array, halving steps fold it (step s:
+    thread t < s adds element t + s, when that is one of the n written), and thread 0 stores
+    the total. Barriers separate the steps; all of it runs in every thread of the block."""
+    op, _ = _reduction_update(store)
+    dtype = store.buffer.dtype
+    partial = ir.Buffer(f"{store.buffer.name}_partial", (1,), dtype, "local", "temp")
+    n = thread_loop.extent
+    size = 1 << max(0, (n - 1).bit_length())
+    red = ir.Buffer(f"{store.buffer.name}_red", (size,), dtype, "shared", "temp")
+    zero = E.Const(0, "int32")
+    mine = ir.BufferLoad(partial, (zero,))
+
+    def redirect(s: ir.Stmt) -> ir.Stmt:
+        t = type(s)
+        if s is store:
+            _, value = _reduction_update(store)
+            return ir.Store(partial, (zero,), E.BinOp(op, mine, value, dtype))
+        if t is ir.For:
+            return ir.For(s.var, s.extent, s.kind, redirect(s.body), s.unroll_hint)
+        if t is ir.Seq:
+            return ir.Seq([redirect(x) for x in s.stmts])
+        if t is ir.IfThenElse:
+            return ir.IfThenElse(s.cond, redirect(s.then), redirect(s.orelse) if s.orelse is not None else None)
+        if t is ir.Allocate:
+            return ir.Allocate(s.buffer, redirect(s.body))
+        return s
+
+    tid = E.Var(f"{thread_loop.var.name}.combine")
+    steps: list[ir.Stmt] = [ir.Store(red, (tid,), mine), ir.Barrier("shared")]
+    step = size // 2
+    while step >= 1:
+        fold = ir.Store(red, (tid,), E.BinOp(op, ir.BufferLoad(red, (tid,)),
+                                              ir.BufferLoad(red, (tid + step,)), dtype))
+        steps += [ir.IfThenElse((tid < step) & (tid + step < n), fold), ir.Barrier("shared")]
+        step //= 2
+    steps.append(ir.IfThenElse(tid == 0, ir.Store(store.buffer, store.indices, ir.BufferLoad(red, (zero,)))))
+    steps.append(ir.Barrier("shared"))  # the shared array is free for the next reduction
+    try:
+        body = ir.Seq([ir.Store(partial, (zero,), identity), redirect(nest),
+                       ir.For(tid, n, thread_loop.kind, ir.Seq(steps))])
+    finally:
+        redirect = None  # noqa: F841 - a recursive closure refers to itself: free it now, not at GC
+    return ir.Allocate(partial, ir.Allocate(red, body))

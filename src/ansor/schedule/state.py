@@ -402,7 +402,10 @@ class State:
                                 f"use one of {ANNOTATIONS[1:]}")
         if it.annotation != "none":
             raise ScheduleError(f"annotate {st.name}.{it.name}: already annotated {it.annotation}")
-        if it.kind == "reduce" and annotation in ("parallel", "vectorize") + GPU_BINDINGS:
+        # a reduction bound to threadIdx is a cross-thread reduction (the GPU lowering combines
+        # the threads' partial results); any other parallel kind would race
+        if it.kind == "reduce" and annotation in ("parallel", "vectorize") + GPU_BINDINGS \
+                and not annotation.startswith("threadIdx"):
             verb = {"parallel": "run in parallel", "vectorize": "vectorized"}.get(annotation, f"bound to {annotation}")
             raise ScheduleError(f"annotate {st.name}.{it.name}: a reduce iterator cannot be "
                                 f"{verb} (the reduction would race)")

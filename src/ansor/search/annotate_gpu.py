@@ -8,8 +8,9 @@ cooperative fetching of shared copies, unrolling (Ansor's GPU init rules, in ord
   (its accumulators live in registers). Drawing each axis alone would make most programs
   invalid. Other splits are drawn as on the CPU.
 - Thread binding: a tiled root stage's first three tile levels are fused into blockIdx.x,
-  vthread and threadIdx.x; an untiled root stage's spatial loops are fused and split into
-  blocks of a sampled thread count.
+  vthread and threadIdx.x; a cross-thread reduction's spatial loops are fused into blockIdx.x
+  (a block per output); an untiled root stage's spatial loops are fused and split into blocks
+  of a sampled thread count.
 - Cooperative fetching: a shared copy's loops are fused and split by the consumer's thread
   count (a follow-fused-split, so mutating the tile sizes keeps them in step), the inner part
   bound to threadIdx.x: each thread copies its share.
@@ -130,6 +131,12 @@ def bind_threads(state: State, rng: random.Random, hw: GPUHardware, threads: int
             for names, kind in zip(levels, ("blockIdx.x", "vthread", "threadIdx.x")):
                 fused = state.fuse(sid, names)
                 state.annotate(sid, fused.name, kind)
+            continue
+        if any(it.annotation.startswith("threadIdx") for it in st.iters):  # a cross-thread reduction
+            spatial = [it.name for it in st.iters if it.kind == "spatial" and it.annotation == "none"]
+            if spatial:
+                fused = state.fuse(sid, spatial) if len(spatial) > 1 else state.stages[sid].iters[0]
+                state.annotate(sid, fused.name, "blockIdx.x")
             continue
         spatial = []
         for it in st.iters:

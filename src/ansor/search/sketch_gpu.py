@@ -13,8 +13,12 @@ In order, per stage from the output back to the inputs:
 - MultiLevelTiling: the same without a consumer to fuse into;
 - SkipStage.
 
-Cross-thread reduction (a reduction bound to the threads of a block) is not a rule yet: a
-reduction that does not need tiling (softmax, layer norm) runs each output in one thread.
+- CrossThreadReduction (before AddCacheWrite): a reduction longer than a warp that needs no
+  tiling (softmax, layer norm, norms), or a tiled one with fewer outputs than reduced values
+  (a matrix-vector product), gets its reduction loops fused and split by the warp size, the
+  inner part bound to threadIdx.x: the threads of a block share one output's reduction and
+  combine their partial results (`lower.gpu`);
+
 Thread binding and cooperative fetching are decided in random annotation
 (`search.annotate_gpu`), when the tile sizes are known.
 """
@@ -34,6 +38,7 @@ from ansor.search.sketch import (
     has_reduce,
     multi_level_tile,
     needs_multi_level_tiling,
+    space_and_reduce_lengths,
 )
 
 GPU_TILING_STRUCTURE = "SSSRRSRS"
@@ -84,9 +89,30 @@ def _always_inline_cond(ctx, state: State, sid: int) -> Cond:
     return Cond.APPLY_AND_SKIP_REST
 
 
+def _cross_thread_cond(ctx, state: State, sid: int) -> Cond:
+    st = state.stages[sid]
+    if st.is_placeholder or not has_reduce(state, sid) or st.origin == "cache_write" or not st.is_fresh:
+        return Cond.SKIP
+    space, reduced = space_and_reduce_lengths(state, sid)
+    if needs_multi_level_tiling(state, sid):
+        if space > ctx.target.max_threads_per_block or space >= reduced:
+            return Cond.SKIP
+        return Cond.APPLY  # and the tiled sketch too
+    return Cond.APPLY_AND_SKIP_REST if reduced > ctx.target.warp_size else Cond.SKIP
+
+
+def _cross_thread(ctx, state: State, sid: int):
+    s = state.copy()
+    reduce_names = [it.name for it in s.stages[sid].iters if it.kind == "reduce"]
+    fused = s.fuse(sid, reduce_names) if len(reduce_names) > 1 else s.stages[sid].iters[-1]
+    _, inner = s.split(sid, fused.name, [ctx.target.warp_size])
+    s.annotate(sid, inner.name, "threadIdx.x")
+    return [(s, sid - 1, "threads share the reduction")]
+
+
 def _cache_write_cond(ctx, state: State, sid: int) -> Cond:
     st = state.stages[sid]
-    if st.is_placeholder or not needs_multi_level_tiling(state, sid) or st.origin:
+    if st.is_placeholder or not needs_multi_level_tiling(state, sid) or st.origin or not has_reduce(state, sid):
         return Cond.SKIP
     if elementwise_matched_consumer(state, sid) is not None:
         return Cond.SKIP
@@ -125,6 +151,7 @@ def _tile(ctx, state: State, sid: int):
 GPU_RULES: tuple[SketchRule, ...] = (
     SketchRule("add_cache_read_shared", _cache_read_cond, _cache_read),
     SketchRule("always_inline", _always_inline_cond, _always_inline),
+    SketchRule("cross_thread_reduction", _cross_thread_cond, _cross_thread),
     SketchRule("add_cache_write", _cache_write_cond, _cache_write),
     SketchRule("multi_level_tiling_with_fusion", _tile_fusion_cond, _tile_fusion),
     SketchRule("multi_level_tiling", _tile_cond, _tile),
