@@ -13,6 +13,7 @@ from ansor.database import Database, Record, open_database
 from ansor.measure import (Builder, KernelLibrary, MeasureErrorNo, TimingPolicy, aligned_copy, aligned_empty,
                            time_function)
 from ansor.measure.timing import measure_costs
+from ansor.measure.errors import DeviceUnavailableError
 from ansor.replay import replay_records
 from ansor.schedule.state import State
 from ansor.search.basic import default_schedule
@@ -43,7 +44,10 @@ class Kernel:
         self.func_name = func_name
         self.lib_path = lib_path
         self.record = record
-        self._lib = backend_for(task.target).loader(lib_path, func_name)
+        try:
+            self._lib = backend_for(task.target).loader(lib_path, func_name)
+        except DeviceUnavailableError as err:  # built and readable here, runnable elsewhere
+            self._lib = _NoDevice(err)
         self._packed = self._lib.packed_buffers()
 
     @property
@@ -227,6 +231,28 @@ class _PackingEachCall:
         for _ in range(number):
             self(buffers)
         return time.perf_counter() - start
+
+
+class _NoDevice:
+    """The loaded program of a kernel whose device is not here (a CUDA kernel built on a
+    machine without a GPU): the kernel's source and library exist; running it says why not."""
+
+    packed_nbytes: tuple[int, ...] = ()
+
+    def __init__(self, error: DeviceUnavailableError):
+        self.error = error
+
+    def packed_buffers(self) -> list:
+        return []
+
+    def close(self) -> None:
+        pass
+
+    def __getattr__(self, name: str):
+        raise self.error
+
+    def __call__(self, *args, **kwargs):
+        raise self.error
 
 
 def compile_state(task: Task, state: State, record: Record | None = None,

@@ -11,9 +11,12 @@ seconds in all; the records make the next build (and a later `tune`) start from 
 
 from __future__ import annotations
 
+import warnings
+
 from ansor.database import Database, open_database
 from ansor.kernel import Kernel
 from ansor.kernel import build as build_kernel
+from ansor.measure.errors import DeviceUnavailableError
 from ansor.replay import replay_records
 from ansor.schedule.state import State
 from ansor.search.basic import default_schedule
@@ -63,7 +66,11 @@ def build_task(task: Task, database: Database | str | None = None, state: State 
     db, owned = open_database(database)
     try:
         if quick_trials and not has_record(task, db):
-            quick_search(task, db, quick_trials)
+            try:
+                quick_search(task, db, quick_trials)
+            except DeviceUnavailableError as err:  # nothing can be measured here: build untuned
+                warnings.warn(f"{task.name or 'the task'}: no quick search ({err}); building the "
+                              f"untuned default schedule", stacklevel=2)
         return build_kernel(task, db)
     finally:
         if owned:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from dataclasses import replace as _replace
 
 from ansor.schedule.state import ScheduleError, State
-from ansor.schedule.steps import SplitStep
+from ansor.schedule.steps import AnnotateStep, SplitStep
 from ansor.search.annotate import annotate, annotate_unroll, register_level_splits, sample_factors
 from ansor.search.params import SearchParams
 
@@ -81,6 +81,10 @@ def _fill_tile_sizes(steps: list, rng: random.Random, params: SearchParams, hw: 
                 break
         else:
             return None
+    for i in _thread_splits(steps):  # a cross-thread reduction's block: a power of two
+        extent = steps[i].extent
+        fits = [t for t in THREAD_COUNTS if t <= hw.max_threads and t < 2 * extent] or [hw.warp_size]
+        drawn[i] = (rng.choice(fits),)
     out = []
     for i, step in enumerate(steps):
         if isinstance(step, SplitStep) and any(n is None for n in step.lengths):
@@ -89,6 +93,15 @@ def _fill_tile_sizes(steps: list, rng: random.Random, params: SearchParams, hw: 
             step = _replace(step, lengths=lengths)
         out.append(step)
     return out
+
+
+def _thread_splits(steps: list) -> list[int]:
+    """Undecided splits whose inner piece the next step binds to threadIdx (the sketch's
+    cross-thread reductions)."""
+    return [i for i, step in enumerate(steps[:-1])
+            if isinstance(step, SplitStep) and step.lengths == (None,)
+            and isinstance(steps[i + 1], AnnotateStep) and steps[i + 1].stage_id == step.stage_id
+            and steps[i + 1].iter_id == step.iter_id + 1 and steps[i + 1].annotation.startswith("threadIdx")]
 
 
 @functools.lru_cache(maxsize=256)

@@ -15,8 +15,8 @@ In order, per stage from the output back to the inputs:
 
 - CrossThreadReduction (before AddCacheWrite): a reduction longer than a warp that needs no
   tiling (softmax, layer norm, norms), or a tiled one with fewer outputs than reduced values
-  (a matrix-vector product), gets its reduction loops fused and split by the warp size, the
-  inner part bound to threadIdx.x: the threads of a block share one output's reduction and
+  (a matrix-vector product), gets its reduction loops fused and split (by a thread count
+  annotation draws: 32 to 1024), the inner part bound to threadIdx.x: the threads of a block share one output's reduction and
   combine their partial results (`lower.gpu`);
 
 Thread binding and cooperative fetching are decided in random annotation
@@ -98,14 +98,15 @@ def _cross_thread_cond(ctx, state: State, sid: int) -> Cond:
         if space > ctx.target.max_threads_per_block or space >= reduced:
             return Cond.SKIP
         return Cond.APPLY  # and the tiled sketch too
-    return Cond.APPLY_AND_SKIP_REST if reduced > ctx.target.warp_size else Cond.SKIP
+    # and the sketch without it: with few values per output, a thread per output can win
+    return Cond.APPLY if reduced > ctx.target.warp_size else Cond.SKIP
 
 
 def _cross_thread(ctx, state: State, sid: int):
     s = state.copy()
     reduce_names = [it.name for it in s.stages[sid].iters if it.kind == "reduce"]
     fused = s.fuse(sid, reduce_names) if len(reduce_names) > 1 else s.stages[sid].iters[-1]
-    _, inner = s.split(sid, fused.name, [ctx.target.warp_size])
+    _, inner = s.split(sid, fused.name, [None])  # the block's size: drawn by annotation
     s.annotate(sid, inner.name, "threadIdx.x")
     return [(s, sid - 1, "threads share the reduction")]
 
