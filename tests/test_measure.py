@@ -478,3 +478,17 @@ def test_a_worker_whose_parent_stopped_listening_ends_quietly():
     parent_end, worker_end = Pipe()
     parent_end.close()  # the tuner was interrupted while this worker started
     serve(worker_end)  # returns instead of raising BrokenPipeError (a traceback in the terminal)
+
+
+def test_long_reductions_are_checked_with_room_for_their_rounding():
+    """A float32 sum of a million values one after another is ~2e-4 off; a short one keeps the
+    default tolerance, and a wrong program stays far outside either."""
+    import ansor
+    from ansor import te
+    from ansor.measure.check import reduction_rtol
+    X = te.placeholder((1024, 1024), name="X")
+    assert ansor.Task([X, te.ops.norm2(X)]).longest_reduction == 1024 * 1024
+    assert ansor.Task([X, te.ops.softmax(X)]).longest_reduction == 1024
+    assert reduction_rtol("float32", 1024) == 1e-4
+    assert 5e-4 < reduction_rtol("float32", 1 << 20) < 2e-3
+    assert reduction_rtol("int32", 1 << 20) == 0.0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from typing import Sequence
 
 import numpy as np
@@ -55,6 +57,15 @@ class Task:
     def outputs(self) -> list[Tensor]:
         """The output tensors, in the order the kernel returns them."""
         return self.dag.outputs
+
+    @property
+    def longest_reduction(self) -> int:
+        """The most values any one output element of any stage sums (or maxes) over: a
+        sequential float32 sum of n values is off by about sqrt(n) roundings, which the output
+        check allows for (`measure.check.reduction_rtol`)."""
+        lengths = [math.prod(a.extent for a in t.op.reduce_axes) for t in self.dag.tensors
+                   if getattr(t.op, "reduce_axes", None)]
+        return max(lengths, default=1)
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Reproducible inputs for measurement and checking, 64-byte aligned like every buffer

@@ -6,6 +6,7 @@ tests all reject the same kernels.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -28,6 +29,18 @@ def default_tolerances(expected: np.ndarray) -> tuple[float, float]:
     finite = np.abs(expected[np.isfinite(expected)])
     scale = max(1.0, float(finite.max())) if finite.size else 1.0
     return rtol, atol_unit * scale
+
+
+def reduction_rtol(dtype: np.dtype | str, length: int) -> float:
+    """The relative tolerance for outputs reduced over `length` values: the dtype's default,
+    or 8 eps sqrt(length) when that is larger. A program that sums a million float32 values
+    one after another (one GPU thread per output, say) is off by ~2e-4 relative while its
+    arithmetic is right; a wrong index or a lost tile is off by far more."""
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f":
+        return 0.0
+    default = _FLOAT_TOLERANCES.get(dtype.itemsize, _FLOAT_TOLERANCES[8])[0]
+    return max(default, 8.0 * float(np.finfo(dtype).eps) * math.sqrt(max(1, length)))
 
 
 def unwritten_like(expected: np.ndarray) -> np.ndarray:

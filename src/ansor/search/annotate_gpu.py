@@ -24,6 +24,8 @@ import random
 from dataclasses import dataclass
 from dataclasses import replace as _replace
 
+from ansor.lower.gpu import GPULimits, lower_for_gpu
+from ansor.lower.lower import lower
 from ansor.schedule.state import ScheduleError, State
 from ansor.schedule.steps import AnnotateStep, SplitStep
 from ansor.search.annotate import annotate, annotate_unroll, register_level_splits, sample_factors
@@ -31,6 +33,7 @@ from ansor.search.params import SearchParams
 
 THREAD_COUNTS = (32, 64, 128, 256, 512, 1024)  # block sizes an untiled stage draws from
 MAX_TILE_TRIES = 64
+MAX_VALID_TRIES = 8   # draws of a program before annotation gives up on a sketch for now
 
 
 @dataclass(frozen=True)
@@ -41,23 +44,44 @@ class GPUHardware:
     max_vthread: int = 8
     warp_size: int = 32
     max_thread_tile: int = 64       # values a thread accumulates (in registers)
+    shared_bytes: int = 48 * 1024   # per block
+    local_bytes: int = 4096         # private arrays per thread
+
+    @property
+    def limits(self) -> GPULimits:
+        return GPULimits(self.max_threads, self.shared_bytes, self.max_vthread, self.local_bytes)
+
+
+def gpu_hardware(target, max_thread_tile: int = 64) -> GPUHardware:
+    """The limits of a GPU target as annotation reads them (those its backend verifies)."""
+    from ansor.backend import backend_for
+
+    caps = backend_for(target).capabilities(target)
+    return GPUHardware(caps.max_threads_per_block, caps.max_vthread, caps.warp_size, max_thread_tile,
+                       caps.shared_memory_bytes, caps.local_memory_bytes)
 
 
 def annotate_gpu(sketch_steps: list, dag, rng: random.Random, params: SearchParams,
                  hw: GPUHardware) -> State | None:
-    """One complete GPU program from a sketch, or None if the draw turned out illegal."""
-    try:
-        filled = _fill_tile_sizes(sketch_steps, rng, params, hw)
-        if filled is None:
-            return None
-        s = State.replay(dag, filled)
-        names = step_stage_names(dag, tuple(sketch_steps))
-        bind_threads(s, rng, hw)
-        fetch_cooperatively(s, names)
-        annotate_unroll(s, rng, params.gpu_auto_unroll_max_step_choices)
-    except ScheduleError:
-        return None
-    return s
+    """One complete GPU program from a sketch that the target can run, or None if
+    `MAX_VALID_TRIES` draws all turned out illegal. Each draw is lowered and checked against
+    the block's limits (shared memory depends on the tiles of every stage together: about two
+    thirds of a convolution's unchecked draws overflowed it)."""
+    names = step_stage_names(dag, tuple(sketch_steps))
+    for _ in range(MAX_VALID_TRIES):
+        try:
+            filled = _fill_tile_sizes(sketch_steps, rng, params, hw)
+            if filled is None:
+                continue
+            s = State.replay(dag, filled)
+            bind_threads(s, rng, hw)
+            fetch_cooperatively(s, names)
+            annotate_unroll(s, rng, params.gpu_auto_unroll_max_step_choices)
+            lower_for_gpu(lower(s), hw.limits)
+        except ScheduleError:  # GPUScheduleError included: over the block's limits
+            continue
+        return s
+    return None
 
 
 def _fill_tile_sizes(steps: list, rng: random.Random, params: SearchParams, hw: GPUHardware) -> list | None:

@@ -11,7 +11,7 @@ import random
 
 from ansor.schedule.state import ScheduleError, State
 from ansor.search.annotate import divisors, sample_factors
-from ansor.search.annotate_gpu import GPUHardware, bind_threads
+from ansor.search.annotate_gpu import bind_threads, gpu_hardware
 from ansor.search.policy import SearchPolicy
 from ansor.task import Task
 
@@ -132,8 +132,7 @@ def default_schedule(task: Task) -> State:
     inline_elementwise(s)
     target = task.target
     if target.is_gpu:
-        hw = GPUHardware(target.max_threads_per_block, target.max_vthread_extent, target.warp_size)
-        bind_threads(s, random.Random(0), hw, threads=DEFAULT_GPU_THREADS)
+        bind_threads(s, random.Random(0), gpu_hardware(target), threads=DEFAULT_GPU_THREADS)
         return s
     for sid, st in enumerate(s.stages):
         if st.is_placeholder or st.attach != "root":

@@ -15,7 +15,7 @@ from ansor.database import Record
 from ansor.replay import replay_records
 from ansor.schedule.state import State
 from ansor.search.annotate import multi_level_splits
-from ansor.search.annotate_gpu import GPUHardware, annotate_program
+from ansor.search.annotate_gpu import annotate_program, gpu_hardware
 from ansor.search.collector import collector_paused
 from ansor.search.params import GPU_MUTATION_WEIGHTS, SearchParams, search_params
 from ansor.search.policy import MeasureResult, SearchPolicy
@@ -46,8 +46,7 @@ class SketchPolicy(SearchPolicy):
         self.vector_lanes = target.vector_unit_bytes // 4 if self.params.vector_tile_bias and not target.is_gpu else 0
         # what annotation needs of the machine: a GPU's block limits, or the CPU's cores, float32
         # lanes and vector registers
-        self.hardware = (GPUHardware(target.max_threads_per_block, target.max_vthread_extent, target.warp_size,
-                                     self.params.gpu_max_thread_tile) if target.is_gpu
+        self.hardware = (gpu_hardware(target, self.params.gpu_max_thread_tile) if target.is_gpu
                          else (target.num_cores, self.vector_lanes, target.vector_registers))
         self.measured: list[tuple[float, State]] = []  # (cost, program) of successful measurements
         self.last_round: dict[str, float] = {}         # seconds per phase of the last round

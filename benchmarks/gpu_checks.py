@@ -1,0 +1,153 @@
+"""GPU programs checked without a GPU, over the whole suite: for each workload of
+`benchmarks/suite.py` and each of its GPU sketches, `--per-sketch` randomly annotated programs
+
+  1. printed as CUDA for `Target.cuda(arch)` and compiled by nvcc (`-cubin -Xptxas -v`): build
+     errors and register spills counted;
+  2. printed as OpenCL and run on PoCL at the suite's shape, checked against numpy in the
+     isolated worker (the tuner's own runner): wrong answers and errors counted;
+  3. a few per sketch, at a small shape of the same workload, run under Oclgrind: any report
+     (data race, barrier divergence, out-of-bounds access) counted.
+
+    python benchmarks/gpu_checks.py --per-sketch 32
+    python benchmarks/gpu_checks.py --only softmax norm2 --per-sketch 8 --no-pocl
+
+A program the GPU verifier refuses (over the target's limits) is counted apart: the search
+never measures those. Exit status 1 when any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import ansor  # noqa: E402
+from ansor.backend import generate_source  # noqa: E402
+from ansor.lower.gpu import GPUScheduleError  # noqa: E402
+from ansor.measure import MeasureErrorNo, TimingPolicy  # noqa: E402
+from ansor.measure.check import reduction_rtol  # noqa: E402
+from ansor.search.annotate_gpu import annotate_gpu  # noqa: E402
+from ansor.search.sketch_policy import SketchPolicy  # noqa: E402
+from ansor.workloads import make_task  # noqa: E402
+from suite import SUITE  # noqa: E402
+
+CHECK_ONLY = TimingPolicy(warmup=0, repeat=1, min_repeat_ms=0.0, max_seconds=0.0)  # one timed call
+
+
+def small_shape(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The same workload at a size Oclgrind simulates in seconds."""
+    if name in ("conv2d", "conv2d_bias_relu", "conv2d_transpose"):
+        n, c, h, w, o, kh, kw = shape
+        return (1, min(c, 4), min(h, 8 if kh < 7 else 12), min(w, 8 if kw < 7 else 12), min(o, 8), kh, kw)
+    if name == "depthwise_conv2d":
+        return (1, 4, 8, 8, shape[4], shape[5])
+    if name == "batch_matmul":
+        return (2, 16, 16, 16)
+    return tuple(min(d, 48) for d in shape)
+
+
+def programs(task: ansor.Task, per_sketch: int, seed: int) -> list[tuple[int, ansor.State]]:
+    policy = SketchPolicy(task, seed=seed)
+    rng = random.Random(seed)
+    out = []
+    for k, sketch in enumerate(policy.sketches):
+        made, tries = 0, 0
+        while made < per_sketch and tries < per_sketch * 20:
+            tries += 1
+            p = annotate_gpu(sketch.steps, task.dag, rng, policy.params, policy.hardware)
+            if p is not None:
+                out.append((k, p))
+                made += 1
+    return out
+
+
+def sources_for(programs_: list, target: ansor.Target) -> tuple[list[tuple[str, str]], int]:
+    """(source, entry) of each program the target's verifier accepts, and how many it refused."""
+    sources, refused = [], 0
+    for _, p in programs_:
+        try:
+            sources.append(generate_source(p, target))
+        except GPUScheduleError:
+            refused += 1
+    return sources, refused
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--per-sketch", type=int, default=32)
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--oclgrind", type=int, default=2, help="programs per sketch run under Oclgrind")
+    ap.add_argument("--no-pocl", action="store_true")
+    ap.add_argument("--no-nvcc", action="store_true")
+    ap.add_argument("--only", nargs="*")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    failed = False
+    print(f"{'workload':32} {'sketch':>6} {'progs':>5} {'refused':>7} | {'nvcc ok':>7} {'spill':>5} {'error':>5} | "
+          f"{'PoCL ok':>7} {'wrong':>5} {'error':>5} | {'grind ok':>8} {'report':>6} | {'s':>5}")
+    for label, name, shape, opts in SUITE:
+        if args.only and name not in args.only and label not in args.only:
+            continue
+        start = time.perf_counter()
+        cuda_task = make_task(name, shape, target=ansor.Target.cuda(args.arch), **opts)
+        cl_task = make_task(name, shape, target=ansor.Target.opencl(), **opts)
+        small_task = make_task(name, small_shape(name, shape), target=ansor.Target.opencl(), **opts)
+        drawn = programs(cl_task, args.per_sketch, args.seed)
+        small = programs(small_task, args.oclgrind, args.seed)
+        counts = {"nvcc_ok": 0, "spill": 0, "nvcc_err": 0, "ok": 0, "wrong": 0, "err": 0, "grind_ok": 0, "report": 0}
+        messages: list[str] = []
+        cu_sources, refused = sources_for([(k, p) for k, p in drawn], cuda_task.target)
+        if not args.no_nvcc:
+            from ansor.measure.cuda import CudaBuilder
+            for res in CudaBuilder(args.arch, n_parallel=2).build([src for src, _ in cu_sources]):
+                if res.error_no == MeasureErrorNo.NO_ERROR:
+                    counts["nvcc_ok"] += 1
+                elif "spill" in res.error_msg:
+                    counts["spill"] += 1
+                    messages.append(res.error_msg[:200])
+                else:
+                    counts["nvcc_err"] += 1
+                    messages.append(res.error_msg[:300])
+        if not args.no_pocl:
+            from ansor.measure.opencl import OpenCLBuilder, OpenCLRunner
+            cl_sources, _ = sources_for(drawn, cl_task.target)
+            inputs = cl_task.random_inputs(seed=1)
+            expected = cl_task.reference_outputs(inputs)
+            rtol = reduction_rtol(expected[0].dtype, cl_task.longest_reduction)  # as the tuner checks
+            with OpenCLRunner(timeout=120, timing=CHECK_ONLY, rtol=rtol) as runner:
+                runner.set_task(inputs, expected)
+                built = OpenCLBuilder(n_parallel=2).build([src for src, _ in cl_sources])
+                for res, (_, entry) in zip(built, cl_sources):
+                    run = runner.run(res.lib_path, entry) if res.lib_path else None
+                    if run is not None and run.error_no == MeasureErrorNo.NO_ERROR:
+                        counts["ok"] += 1
+                    elif run is not None and run.error_no == MeasureErrorNo.WRONG_ANSWER:
+                        counts["wrong"] += 1
+                        messages.append(run.error_msg[:200])
+                    else:
+                        counts["err"] += 1
+                        messages.append((run.error_msg if run else res.error_msg)[:300])
+        from ansor.measure.oclgrind import oclgrind_available, race_check
+        if args.oclgrind and oclgrind_available():
+            small_inputs = small_task.random_inputs(seed=2)
+            for source, _ in sources_for(small, small_task.target)[0]:
+                log = race_check(source, small_inputs)
+                counts["grind_ok" if not log else "report"] += 1
+                if log:
+                    messages.append(log[:300])
+        n_sketches = len({k for k, _ in drawn})
+        print(f"{label:32} {n_sketches:6} {len(drawn):5} {refused:7} | {counts['nvcc_ok']:7} {counts['spill']:5} "
+              f"{counts['nvcc_err']:5} | {counts['ok']:7} {counts['wrong']:5} {counts['err']:5} | "
+              f"{counts['grind_ok']:8} {counts['report']:6} | {time.perf_counter() - start:5.0f}", flush=True)
+        for m in messages[:3]:
+            print("    " + m.replace("\n", " "))
+        failed |= bool(counts["spill"] or counts["nvcc_err"] or counts["wrong"] or counts["err"] or counts["report"])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
