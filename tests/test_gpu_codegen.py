@@ -379,3 +379,16 @@ def test_a_cuda_kernel_builds_without_a_gpu_and_says_why_it_cannot_run(tmp_path)
     assert done.returncode == 0, done.stderr
     with pytest.raises(DeviceUnavailableError, match="no CUDA device"):
         kernel(*random_inputs(task))
+
+
+@pytest.mark.skipif(not _oclgrind_available(), reason="Oclgrind is not installed (pip install 'ansor[opencl]')")
+def test_a_barrier_taken_out_of_a_generated_kernel_is_caught_by_oclgrind():
+    """The race check is not vacuous on our own kernels: PoCL would still answer right."""
+    from ansor.measure.oclgrind import race_check
+    task, s = gpu_matmul(16, 16, 16, lengths=(1, 4, 2), k_tile=8)
+    lines = generate_source(s, task.target)[0].split("\n")
+    barriers = [i for i, line in enumerate(lines) if "barrier(" in line]
+    assert len(barriers) == 2
+    del lines[barriers[1]]  # the one between the fills and the reads
+    log = race_check("\n".join(lines), random_inputs(task))
+    assert "data race" in log
