@@ -7,9 +7,9 @@ kernel's name, grid, block and arguments in launch order, and every buffer's rol
 text is the whole program.
 
 Loops bound to blockIdx/threadIdx print as a named index read from the hardware (`const int
-i_tx = threadIdx.x;`), guarded where the loop is shorter than the block; virtual-thread,
-unrolled and auto-unrolled loops print with an unroll pragma, so a reader sees the schedule's
-tile structure in the source.
+i_tx = threadIdx.x;`), guarded where the loop is shorter than the block; unrolled and
+auto-unrolled loops print with an unroll pragma, virtual threads as a plain loop, so a reader
+sees the schedule's tile structure in the source.
 """
 
 from __future__ import annotations
@@ -130,9 +130,10 @@ class GPUPrinter(CLikePrinter):
             else:
                 self.stmt(s.body, depth, in_parallel)
             return
-        if s.kind in ("vthread", "unrolled") or s.unroll_hint:
-            note = "  /* virtual thread */" if s.kind == "vthread" else ""
-            self.emit(f"#pragma unroll{note}", depth)
+        if s.kind == "vthread":  # a whole tile's work with its barriers: a loop, not unrolled copies
+            self.emit("/* virtual threads, one after another */", depth)
+        elif s.kind == "unrolled" or s.unroll_hint:
+            self.emit("#pragma unroll", depth)
         self.emit(f"for ({self.INDEX_TYPE} {var} = 0; {var} < {s.extent}; ++{var}) {{", depth)
         self.stmt(s.body, depth + 1, in_parallel)
         self.emit("}", depth)

@@ -23,8 +23,9 @@ GPU adds, done here:
   virtual threads, local memory per thread, unbound stages) with `GPUScheduleError`, before
   it is built: such a program has no features, so the search ranks it last.
 
-Virtual threads run as unrolled serial loops inside each thread (correct, with fills repeated
-per virtual thread; the printer marks them for unrolling).
+Virtual threads run as serial loops inside each thread (correct, with fills repeated per
+virtual thread; not unrolled: with their barriers and whole reductions, unrolled copies made
+nvcc spill registers).
 """
 
 from __future__ import annotations
