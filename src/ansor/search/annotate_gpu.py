@@ -5,8 +5,9 @@ cooperative fetching of shared copies, unrolling (Ansor's GPU init rules, in ord
   virtual-thread, thread and two per-thread levels) are drawn together until the block has at
   most `max_threads` threads (and at least a warp, unless the whole output is small), at most
   `max_vthread` virtual threads and a per-thread tile of at most `max_thread_tile` values
-  (its accumulators live in registers). Drawing each axis alone would make most programs
-  invalid. Other splits are drawn as on the CPU.
+  (its accumulators live in registers), with the block's registers enough for every thread's
+  tile. Drawing each axis alone would make most programs invalid. Other splits are drawn as on
+  the CPU; the whole program is then lowered and verified (shared memory depends on all tiles).
 - Thread binding: a tiled root stage's first three tile levels are fused into blockIdx.x,
   vthread and threadIdx.x; a cross-thread reduction's spatial loops are fused into blockIdx.x
   (a block per output); an untiled root stage's spatial loops are fused and split into blocks
@@ -34,6 +35,9 @@ from ansor.search.params import SearchParams
 THREAD_COUNTS = (32, 64, 128, 256, 512, 1024)  # block sizes an untiled stage draws from
 MAX_TILE_TRIES = 64
 MAX_VALID_TRIES = 8   # draws of a program before annotation gives up on a sketch for now
+REGISTER_OVERHEAD = 32  # registers a thread needs beside its accumulators (indices, operands): a
+                        # block of 1024 threads gets 64 registers each, and 1024 threads with
+                        # 64-value tiles spilled under nvcc's launch bounds
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class GPUHardware:
     warp_size: int = 32
     max_thread_tile: int = 64       # values a thread accumulates (in registers)
     shared_bytes: int = 48 * 1024   # per block
+    registers_per_block: int = 65536  # 32-bit registers a block's threads share (NVIDIA since Kepler)
     local_bytes: int = 4096         # private arrays per thread
 
     @property
@@ -100,6 +105,7 @@ def _fill_tile_sizes(steps: list, rng: random.Random, params: SearchParams, hw: 
             threads = math.prod(v[1] for v in lengths.values())
             tile = math.prod(v[2] * v[3] for v in lengths.values())
             if (vthreads <= hw.max_vthread and threads <= hw.max_threads and tile <= hw.max_thread_tile
+                    and threads * (tile + REGISTER_OVERHEAD) <= hw.registers_per_block
                     and (threads >= hw.warp_size or total <= 2 * hw.warp_size)):
                 drawn.update(lengths)
                 break
