@@ -24,3 +24,72 @@ def test_tutorial_3_transfer_runs_and_draws_its_curves(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "trials to reach 95% of the from-scratch best" in out.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _run(script: str, *args: str, cwd) -> str:
+    """Run an example at a tiny budget; its stdout (the test fails with its output otherwise)."""
+    out = subprocess.run([sys.executable, str(EXAMPLES / script), *args], capture_output=True, text=True,
+                         timeout=600, cwd=cwd)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def _assert_png(path) -> None:
+    """A real image: the PNG signature, and matplotlib reads pixels from it."""
+    import matplotlib.image
+
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    pixels = matplotlib.image.imread(str(path))
+    assert pixels.ndim == 3 and pixels.shape[0] > 50 and pixels.shape[1] > 50
+
+
+def test_tutorial_1_matmul_compares_with_numpy_and_pytorch_and_draws_its_curve(tmp_path):
+    png = tmp_path / "matmul.png"
+    out = _run("tutorial_1_matmul.py", "--small", "--trials", "2", "--rounds", "2", "--plot", str(png), cwd=tmp_path)
+    assert "matmul 64x64x64" in out and "tuned: 2 programs measured" in out
+    assert "ansor vs numpy: ansor " in out
+    if "torch is not installed" not in out:
+        assert "ansor vs PyTorch eager: ansor " in out
+        assert "ansor vs torch.compile: ansor " in out or "skipped torch.compile" in out
+    assert "the winning program (its loop nest):" in out and "C[i, j]" in out
+    assert f"tuning curve saved to {png}" in out
+    _assert_png(png)
+
+
+def test_tutorial_2_conv2d_reads_five_winning_structures(tmp_path):
+    out = _run("tutorial_2_conv2d.py", "--small", "--trials", "2", "--rounds", "2", cwd=tmp_path)
+    for label in ("early 3x3", "late 3x3", "1x1", "depthwise 3x3", "stem 7x7/2"):
+        assert f"\n{label}" in out and f"- {label} (" in out  # its timing line and its sentence
+    for fact in ("tiling", "packed layout", "vector", "register tile", "fused stages", "parallel"):
+        assert fact in out
+    assert "ff " in out and "rc " in out  # split lengths of the output-channel and reduction axes
+    assert "different winning structures: " in out and " of 5 shapes" in out
+
+
+def test_tutorial_4_custom_fuses_layer_norm_and_gelu_and_draws_the_chart(tmp_path):
+    png = tmp_path / "custom.png"
+    out = _run("tutorial_4_custom.py", "--small", "--trials", "2", "--rounds", "2", "--plot", str(png),
+               cwd=tmp_path)
+    assert "LayerNorm+GELU 32x64: 4 stages declared" in out
+    if "torch is not installed" not in out:
+        assert "ansor vs PyTorch eager: ansor " in out
+    assert "skipped Triton (hand-written): " in out or "ansor vs Triton (hand-written)" in out
+    assert "norm: inlined" in out and "loop nest" in out
+    assert f"bar chart saved to {png}" in out
+    _assert_png(png)
+
+
+def test_compare_tools_compares_a_workload_and_a_model(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxscript")  # the torch.export-based ONNX exporter
+    out = _run("compare_tools.py", "--small", "--trials", "2", "--rounds", "2", "--skip", "torch.compile",
+               "--charts", str(tmp_path), cwd=tmp_path)  # torch.compile: tutorials 1 and 4
+    assert "ansor vs numpy: ansor " in out and "ansor vs PyTorch eager: ansor " in out
+    assert "small_cnn.onnx" in out
+    assert "ansor vs onnxruntime: ansor " in out or "skipped onnxruntime" in out
+    for name in ("compare_matmul.png", "compare_model.png"):
+        _assert_png(tmp_path / name)

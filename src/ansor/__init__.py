@@ -31,6 +31,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Task": ("ansor.task", "Task"),
     "TuneResult": ("ansor.tuner", "TuneResult"),
     "tune": ("ansor.api", "tune"),
+    "visualize": ("ansor.viz", "visualize"),
     "graph": ("ansor.graph", None),
 }
 

@@ -134,6 +134,31 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("--rounds", type=int, default=7, help="timing rounds, in turns with onnxruntime (default 7)")
     rm.add_argument("--profile", action="store_true", help="also print the time of every subgraph (default: off)")
 
+    cp = sub.add_parser("compare", help="ansor beside numpy, PyTorch and onnxruntime: one table, timed in turns",
+                        description="Build a named workload's best program (a quick search first when the "
+                                    "database has none) or an ONNX model with its database's records, check "
+                                    "the output against the reference, and time it in turns with numpy, PyTorch "
+                                    "eager, torch.compile and onnxruntime (models) in one process: median times, "
+                                    "spreads, GFLOP/s and ansor's speedup. A baseline that is not installed is "
+                                    "skipped with a note.")
+    cp.add_argument("what", metavar="WORKLOAD|MODEL.onnx",
+                    help="a workload name (see `ansor workloads`) or an .onnx model file")
+    cp.add_argument("--shape", type=_shape,
+                    help="the workload's dimensions, e.g. 1024,1024,1024 (default: the workload's default shape)")
+    cp.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                    help="element type of a workload (default float32)")
+    for opt in WORKLOAD_OPTIONS:
+        cp.add_argument(f"--{opt}", type=int, default=None,
+                        help=f"{opt} of the workloads that take it (default: the workload's own)")
+    cp.add_argument("--database", help=DATABASE_HELP)
+    cp.add_argument("--rounds", type=int, default=7, help="timing rounds, every one timing each implementation "
+                                                          "once (default 7)")
+    cp.add_argument("--skip", action="append", default=[], metavar="BASELINE",
+                    choices=["numpy", "torch", "torch.compile", "onnxruntime"],
+                    help="leave out a baseline: numpy, torch, torch.compile or onnxruntime (repeatable; "
+                         "default: none)")
+    cp.add_argument("-o", "--output", metavar="PNG", help="save a bar chart of the times here (default: no chart)")
+
     sub.add_parser("workloads", help="list the named workloads and the meaning of --shape")
 
     sk = sub.add_parser("sketches", help="print every sketch (high-level structure) of a workload",
@@ -145,6 +170,20 @@ def build_parser() -> argparse.ArgumentParser:
     sa.add_argument("-n", type=int, default=3, help="how many programs (default 3)")
     sa.add_argument("--seed", type=int, default=0, help="random seed of the sampling (default 0)")
     sa.add_argument("--no-source", action="store_true", help="loop nests only, no C (default: print the C)")
+
+    viz = sub.add_parser("viz", help="why the best kernel of a workload is fast: its tiles and its roofline",
+                         description="Explain the best record of a workload: the tiles of its loop nest drawn to "
+                                     "scale against the caches, the bytes they move, and the kernel's place on the "
+                                     "roofline of this machine (its FMA peak and memory bandwidth, measured once "
+                                     "and cached). Prints the explanation; -o also draws it.")
+    _workload_args(viz)
+    viz.add_argument("--database", help=DATABASE_HELP)
+    viz.add_argument("-o", "--output", metavar="FILE",
+                     help="draw the picture here: a .png or .svg file (default: the text only)")
+    viz.add_argument("--isa", choices=["avx512", "avx2", "generic"], default=None,
+                     help="the record of a run tuned with `ansor tune --isa` (default: all the CPU has)")
+    viz.add_argument("--cores", type=int, default=None,
+                     help="the record of a run tuned with `ansor tune --cores` (default: all the cores)")
 
     cm = sub.add_parser("costmodel", help="cost-model quality on the records of a database")
     cm_sub = cm.add_subparsers(dest="cm_command", metavar="ACTION")
@@ -238,7 +277,8 @@ def _main(argv: list[str] | None) -> int:
 
     commands = {"tune": cmd_tune, "show": cmd_show, "workloads": cmd_workloads, "sketches": cmd_sketches,
                 "sample": cmd_sample, "costmodel": cmd_costmodel, "export": cmd_export, "import": cmd_import,
-                "tune-model": cmd_tune_model, "run-model": cmd_run_model}
+                "tune-model": cmd_tune_model, "run-model": cmd_run_model, "viz": cmd_viz}
+    commands["compare"] = cmd_compare
     try:
         return commands[args.command](args)
     except (KeyError, ValueError, TypeError, DatabaseError, ScheduleError, FileNotFoundError,
@@ -315,6 +355,40 @@ def cmd_sample(args) -> int:
             source, _ = generate_source(state, task.target, f"{task.name}_kernel")
             body = source[source.index("\nvoid "):] if "\nvoid " in source else source.split("\n", 1)[1]
             console.print(body, markup=False, highlight=False)
+    return 0
+
+
+def cmd_viz(args) -> int:
+    """The best record of a workload explained: printed, and drawn with -o."""
+    import ansor
+    from ansor.database import Database
+    from ansor.replay import replay_records
+    from ansor.report import console
+    from ansor.viz import visualize
+
+    task = _task_from_args(args)
+    if args.isa is not None or args.cores is not None:
+        if task.target.kind != "cpu":
+            raise ValueError("--isa and --cores describe a CPU target; this one is " + task.target.key)
+        task.target = ansor.Target.host(isa=args.isa, num_cores=args.cores)
+    if args.output is not None and not args.output.lower().endswith((".png", ".svg")):
+        raise ValueError(f"-o {args.output}: the picture is written as PNG or SVG; give a .png or .svg file")
+    db_path = args.database or str(ansor.default_database_path())
+    with Database(db_path, create=False) as db:
+        found = next(iter(replay_records(db.best(task.workload_key, task.target.key, k=5), task.dag)), None)
+    if found is None:
+        shape = ",".join(map(str, args.shape)) if args.shape else None
+        again = f"ansor tune {args.workload}" + (f" --shape {shape}" if shape else "") + \
+            (f" --database {args.database}" if args.database else "")
+        print(f"ansor: no record of {args.workload} {list(task.outputs[0].shape)} on {task.target.key} in "
+              f"{db_path}; tune it first: {again}", file=sys.stderr)
+        return 1
+    record, _ = found
+    view = visualize(record, task=task, path=args.output,
+                     on_measure=lambda message: print(f"ansor: {message}", file=sys.stderr))
+    console.print(view.text, markup=False, highlight=False, soft_wrap=True)
+    if args.output:
+        console.print(f"picture saved to {args.output}")
     return 0
 
 
@@ -499,6 +573,40 @@ def cmd_run_model(args) -> int:
     if args.profile:
         for name, kind, seconds in compiled.profile(*inputs):
             console.print(f"{seconds * 1e3:9.3f} ms  {kind:8s} {name}")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    """A workload or an ONNX model beside numpy/PyTorch/onnxruntime: checked, timed in turns,
+    printed as one table (and drawn with -o); exit 1 when ansor's output is wrong."""
+    import ansor
+    from ansor.compare import WrongResultError, compare_model, compare_workload
+    from ansor.report import console
+
+    if args.rounds < 1:
+        raise ValueError("--rounds must be at least 1")
+    db_path = args.database or str(ansor.default_database_path())
+    skip = set(args.skip)
+    try:
+        if args.what.endswith(".onnx"):
+            given = [f"--{k}" for k in ("shape", *WORKLOAD_OPTIONS) if getattr(args, k) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} describe a named workload; a model's shapes are in its file")
+            result = compare_model(args.what, database=db_path, rounds=args.rounds, skip=skip)
+        else:
+            options = {k: getattr(args, k) for k in WORKLOAD_OPTIONS}
+            result = compare_workload(args.what, args.shape, args.dtype, options, database=db_path,
+                                      rounds=args.rounds, skip=skip)
+    except WrongResultError as exc:
+        console.print(f"[red]{exc}[/]")
+        return 1
+    console.print(result.table())
+    console.print(f"{result.checked}; records: {db_path}")
+    for line in result.lines():
+        console.print(line, markup=False, highlight=False)
+    if args.output:
+        result.save_chart(args.output)
+        console.print(f"bar chart saved to {args.output}")
     return 0
 
 

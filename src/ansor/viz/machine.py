@@ -1,0 +1,310 @@
+"""What this machine can do: its cache sizes, its peak FMA throughput and its memory bandwidth.
+
+A roofline needs the two peaks of the machine the kernel ran on, not a data sheet's: a VM's
+share of a socket, its clock and its memory channels decide them. They are measured once, with
+kernels compiled by ansor's own builder (the flags the tuned programs get), and kept in a JSON
+file under the user cache directory keyed by the CPU model, the instruction set and the cores.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import platform
+import re
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ansor.backend import backend_for
+from ansor.measure import Builder, MeasureErrorNo, default_cache_dir
+from ansor.target import Target
+
+#: Cache sizes assumed where neither sysfs nor lscpu tells them (a common desktop core).
+FALLBACK_CACHES = ((1, 32 * 1024, 1), (2, 1024 * 1024, 1), (3, 8 * 1024 * 1024, 0))
+PEAKS_FILE_FORMAT = 1
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class CacheLevel:
+    """One level of the data-cache hierarchy: the size of one instance and how many cores share
+    it (a tile running on every core gets `size / shared_by` of a shared cache)."""
+
+    name: str
+    size: int
+    shared_by: int = 1
+
+
+def cpu_caches(num_cores: int | None = None) -> tuple[CacheLevel, ...]:
+    """This CPU's data caches, innermost first: from sysfs, else lscpu, else typical sizes."""
+    cores = num_cores or os.cpu_count() or 1
+    found = _sysfs_caches() or _lscpu_caches(cores)
+    if not found:
+        found = {level: (size, shared or cores) for level, size, shared in FALLBACK_CACHES}
+    return tuple(CacheLevel(f"L{level}", size, max(1, min(shared, cores)))
+                 for level, (size, shared) in sorted(found.items()))
+
+
+def target_caches(target: Target) -> tuple[CacheLevel, ...]:
+    """The memories a tile should fit in on `target`: the CPU's caches, or a GPU's shared memory
+    per block (the one on-chip store the schedule sizes explicitly)."""
+    if target.is_gpu:
+        return (CacheLevel("shared", target.max_shared_memory_per_block, 1),) if target.max_shared_memory_per_block else ()
+    return cpu_caches(target.num_cores)
+
+
+def _size(text: str) -> int | None:
+    m = re.fullmatch(r"\s*([\d.]+)\s*([KMG]?)(i?B)?\s*", text, re.IGNORECASE)
+    if not m:
+        return None
+    scale = {"": 1, "K": 1024, "M": MiB, "G": 1024 * MiB}[m.group(2).upper()]
+    return int(float(m.group(1)) * scale)
+
+
+def _cpu_count(cpu_list: str) -> int:
+    n = 0
+    for part in cpu_list.strip().split(","):
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            n += int(hi) - int(lo) + 1
+        elif part:
+            n += 1
+    return n
+
+
+def _sysfs_caches(root: str = "/sys/devices/system/cpu/cpu0/cache") -> dict[int, tuple[int, int]]:
+    out: dict[int, tuple[int, int]] = {}
+    try:
+        entries = sorted(p for p in Path(root).iterdir() if p.name.startswith("index"))
+        for p in entries:
+            kind = (p / "type").read_text().strip()
+            if kind not in ("Data", "Unified"):
+                continue
+            level = int((p / "level").read_text())
+            size = _size((p / "size").read_text())
+            shared_file = p / "shared_cpu_list"
+            shared = _cpu_count(shared_file.read_text()) if shared_file.exists() else 1
+            if size:
+                out[level] = (size, shared)
+    except (OSError, ValueError):
+        return {}
+    return out
+
+
+def _lscpu_caches(cores: int) -> dict[int, tuple[int, int]]:
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10,
+                              env={**os.environ, "LC_ALL": "C"}).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    out: dict[int, tuple[int, int]] = {}
+    for line in text.splitlines():
+        m = re.match(r"\s*L([123])d? cache:\s*([\d.]+\s*[KMG]i?B?)(?:\s*\((\d+) instances?\))?", line)
+        if not m:
+            continue
+        total = _size(m.group(2))
+        instances = int(m.group(3) or 1)
+        if total:
+            out[int(m.group(1))] = (total // instances, max(1, cores // instances))
+    return out
+
+
+def cpu_model() -> str:
+    """The CPU's model name (as /proc/cpuinfo says it), for keying measured peaks."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+@dataclass(frozen=True)
+class MachinePeaks:
+    """Measured peaks of one CPU target: FMA throughput per element type and streaming memory
+    bandwidth, with all the target's cores at work (as a tuned kernel runs)."""
+
+    cpu: str
+    isa: str
+    cores: int
+    peak_gflops: dict[str, float] = field(default_factory=dict)  # dtype -> GFLOP/s
+    bandwidth_gbs: float = 0.0
+
+    @property
+    def key(self) -> str:
+        """The peaks file's key of this machine and target."""
+        return machine_key(self.cpu, self.isa, self.cores)
+
+    def peak_for(self, dtype: str) -> float | None:
+        """Peak GFLOP/s for arithmetic on `dtype` (None when it was not measured)."""
+        return self.peak_gflops.get(dtype)
+
+    def to_dict(self) -> dict:
+        """The JSON object kept in the peaks file."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> MachinePeaks:
+        """Back from `to_dict`; KeyError, TypeError or ValueError for a damaged entry."""
+        peaks = {str(k): float(v) for k, v in dict(data["peak_gflops"]).items()}
+        return cls(str(data["cpu"]), str(data["isa"]), int(data["cores"]), peaks, float(data["bandwidth_gbs"]))
+
+
+def machine_key(cpu: str, isa: str, cores: int) -> str:
+    """Peaks depend on the CPU, the instructions the kernels may use and the cores they run on."""
+    return f"{cpu} | {isa} | {cores} cores"
+
+
+def peaks_file() -> Path:
+    """Where measured peaks are kept: beside the build cache (`$ANSOR_CACHE_DIR`, else the user
+    cache directory), so they follow the same cache settings as the compiled kernels."""
+    return default_cache_dir().parent / "machine.json"
+
+
+def machine_peaks(target: Target | None = None, refresh: bool = False, path: str | os.PathLike | None = None,
+                  on_measure: Callable[[str], object] | None = None) -> MachinePeaks | None:
+    """The peaks of a CPU target: read from the peaks file, else measured (a second or two) and
+    written there. None for GPU targets (this machine's CPU says nothing about them).
+    `on_measure(message)` is told before a measurement starts."""
+    target = target or Target.host()
+    if target.is_gpu:
+        return None
+    file = Path(path) if path is not None else peaks_file()
+    key = machine_key(cpu_model(), target.isa, target.num_cores)
+    table = _read_peaks(file)
+    if not refresh and key in table:
+        try:
+            return MachinePeaks.from_dict(table[key])
+        except (KeyError, TypeError, ValueError):
+            pass  # a damaged entry: measure again
+    if on_measure is not None:
+        on_measure(f"measuring this machine's peak FLOP/s and memory bandwidth once (kept in {file})")
+    peaks = measure_peaks(target)
+    table[key] = peaks.to_dict()
+    _write_peaks(file, table)
+    return peaks
+
+
+def _read_peaks(file: Path) -> dict:
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("format") != PEAKS_FILE_FORMAT or not isinstance(data.get("machines"), dict):
+        return {}
+    return dict(data["machines"])
+
+
+def _write_peaks(file: Path, table: dict) -> None:
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"format": PEAKS_FILE_FORMAT, "machines": table}, indent=1, sort_keys=True))
+    os.replace(tmp, file)
+
+
+# --- measurement ---------------------------------------------------------------------------
+
+_C_TYPES = {"float32": ("float", 4), "float64": ("double", 8)}
+
+
+def peak_source(vector_bytes: int, accumulators: int) -> str:
+    """C for the peak kernels: per element type, every thread updates `accumulators` independent
+    vectors with a multiply-add each step (enough of them to cover the FMA latency on every
+    port), and a triad `a = b + s*c` streams three arrays for the bandwidth."""
+    lines = ["#include <omp.h>", ""]
+    for dtype, (ctype, size) in _C_TYPES.items():
+        lanes = max(1, vector_bytes // size)
+        vt = f"v_{dtype}"
+        lines.append(f"typedef {ctype} {vt} __attribute__((vector_size({lanes * size})));")
+        accs = [f"a{k}" for k in range(accumulators)]
+        init = ", ".join(f"{a} = ({vt}){{}} + ({ctype})(t + {k + 1})" for k, a in enumerate(accs))
+        lines += [
+            f"double ansor_peak_{dtype}(long iters, int threads) {{",
+            "  double total = 0.0;",
+            "  #pragma omp parallel num_threads(threads) reduction(+:total)",
+            "  {",
+            "    int t = omp_get_thread_num();",
+            f"    {vt} m = ({vt}){{}} + ({ctype})0.999999, c = ({vt}){{}} + ({ctype})1e-6;",
+            f"    {vt} {init};",
+            "    for (long i = 0; i < iters; ++i) {",
+            *[f"      {a} = {a} * m + c;" for a in accs],
+            "    }",
+            f"    {vt} s = {' + '.join(accs)};",
+            f"    for (int l = 0; l < {lanes}; ++l) total += s[l];",
+            "  }",
+            "  return total;",
+            "}",
+            "",
+        ]
+    lines += [
+        "void ansor_triad(float *restrict a, const float *restrict b, const float *restrict c, long n, int threads) {",
+        "  #pragma omp parallel for simd num_threads(threads) schedule(static)",
+        "  for (long i = 0; i < n; ++i) a[i] = b[i] + 0.5f * c[i];",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def measure_peaks(target: Target | None = None, seconds: float = 0.25, stream_bytes: int | None = None,
+                  builder: Builder | None = None) -> MachinePeaks:
+    """Measure the peaks of a CPU target now: FMA throughput (float32 and float64) and the
+    bandwidth of a triad over three arrays of `stream_bytes` each (default: twice the last-level
+    cache, between 64 and 256 MiB), counted as STREAM counts it (two reads and a write per
+    element). `seconds` is about how long each measurement runs; `builder` compiles the kernels
+    (default: the target's own, with the flags its programs get)."""
+    target = target or Target.host()
+    if target.is_gpu:
+        raise ValueError(f"peaks are measured on this machine's CPU, not on {target.key}")
+    accumulators = 16 if target.vector_registers >= 32 else 10
+    source = peak_source(target.vector_unit_bytes, accumulators)
+    builder = builder or backend_for(target).builder(target)
+    built = builder.compile_one(source)
+    if built.error_no != MeasureErrorNo.NO_ERROR or built.lib_path is None:
+        raise RuntimeError(f"compiling the peak-measurement kernels failed: {built.error_msg}")
+    lib = ctypes.CDLL(built.lib_path)
+    threads = target.num_cores
+    peaks = {}
+    for dtype, (_, size) in _C_TYPES.items():
+        fn = getattr(lib, f"ansor_peak_{dtype}")
+        fn.argtypes, fn.restype = [ctypes.c_long, ctypes.c_int], ctypes.c_double
+        lanes = max(1, target.vector_unit_bytes // size)
+        flop_per_iter = 2.0 * accumulators * lanes * threads
+        peaks[dtype] = _best_rate(lambda n: fn(n, threads), flop_per_iter, seconds) / 1e9
+    if stream_bytes is None:
+        llc = max((c.size for c in cpu_caches(threads)), default=8 * MiB)
+        stream_bytes = min(max(2 * llc, 64 * MiB), 256 * MiB)
+    n = max(1024, stream_bytes // 4)
+    a, b, c = (np.ones(n, dtype=np.float32) for _ in range(3))  # pages touched before timing
+    triad = lib.ansor_triad
+    triad.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
+    ptrs = (a.ctypes.data, b.ctypes.data, c.ctypes.data)
+    bandwidth = _best_rate(lambda reps: [triad(*ptrs, n, threads) for _ in range(reps)], 12.0 * n, seconds) / 1e9
+    return MachinePeaks(cpu_model(), target.isa, target.num_cores, peaks, bandwidth)
+
+
+def _best_rate(run, work_per_unit: float, seconds: float) -> float:
+    """Work per second of `run(units)`, the best of three runs sized to about `seconds` each
+    (grown from one unit until a run is long enough to time)."""
+    units = 1
+    while True:
+        start = time.perf_counter()
+        run(units)
+        elapsed = time.perf_counter() - start
+        if elapsed >= min(0.02, seconds) or units >= 1 << 40:
+            break
+        units *= 4 if elapsed < 0.002 else 2
+    units = max(1, int(units * max(1.0, seconds / 3 / max(elapsed, 1e-9))))
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        run(units)
+        best = min(best, time.perf_counter() - start)
+    return work_per_unit * units / max(best, 1e-12)
