@@ -419,6 +419,10 @@ def explain(view: KernelView) -> str:
                          f"above the ridge)")
         if roof.fraction is not None:
             lines.append(f"  this kernel           {roof.gflops:.2f} GFLOP/s = {roof.fraction:.1%} of its bound")
+            if roof.fraction > 1.0:
+                lines.append("  (above its bound: the peaks were measured while the machine was busy, or the "
+                             "kernel's data stayed in cache between calls; `ansor.viz.machine_peaks(refresh=True)` "
+                             "measures again and keeps the best)")
     else:
         lines.append("  no roofs: this machine's peaks are not known here")
     if view.notes:
