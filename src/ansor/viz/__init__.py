@@ -38,8 +38,9 @@ class Roofline:
     flop: float                    # floating-point operations of one call
     bytes: float                   # estimated bytes moved from memory in one call
     peak_gflops: float | None      # this machine's FMA peak for the kernel's element type
-    bandwidth_gbs: float | None    # this machine's streaming memory bandwidth
+    bandwidth_gbs: float | None    # the bandwidth of where its data lives between calls
     gflops: float | None = None    # the kernel's measured throughput
+    data_in: str = "memory"        # where that is: "memory", or a cache its working set fits
 
     @property
     def intensity(self) -> float:
@@ -174,12 +175,18 @@ def visualize(what: Any, task: Task | None = None, path: str | None = None, *,
     memory_bytes = traffic.get("memory", nest.total_bytes if nest is not None else 0)
     flop = float(task.flop)
     gflops = flop / seconds / 1e9 if seconds and flop else None
+    # calls timed back to back find a working set that fits a cache still there: the roof is that
+    # cache's bandwidth (measured with the same triad), not memory's
+    where, bandwidth = ("memory", peaks.bandwidth_gbs) if peaks else ("memory", None)
+    if peaks and nest is not None:
+        where, bandwidth = peaks.bandwidth_for(nest.total_bytes)
     roof = Roofline(flop, float(memory_bytes), peaks.peak_for(dtype) if peaks and roofline else None,
-                    peaks.bandwidth_gbs if peaks and roofline else None, gflops)
-    if roof.bound == "memory" and nest is not None and caches and nest.total_bytes <= caches[-1].size:
+                    bandwidth if peaks and roofline else None, gflops, where)
+    if roof.bound == "memory" and where == "memory" and nest is not None and caches \
+            and nest.total_bytes <= caches[-1].size:
         notes.append(f"the whole working set ({format_bytes(nest.total_bytes)}) fits in {caches[-1].name}: calls "
-                     f"repeated back to back (as they are timed) find it there, so the memory roof is a cold "
-                     f"call's and a kernel may run above it")
+                     f"repeated back to back (as they are timed) may find it there, so a kernel may run above "
+                     f"the memory roof")
     fused, inlined, packed = _stage_facts(state)
     view = KernelView(task, state, record, seconds, nest, caches, traffic, roof, peaks if roofline else None,
                       _schedule_text(state), fused, inlined, packed, notes)
@@ -409,7 +416,10 @@ def explain(view: KernelView) -> str:
         peaks = view.peaks
         lines.append(f"  peak                  {roof.peak_gflops:.1f} GFLOP/s (FMA, {peaks.cores} cores, {peaks.isa}; "
                      f"measured on this machine)")
-        lines.append(f"  bandwidth             {roof.bandwidth_gbs:.1f} GB/s (streaming triad; measured)"
+        source = ("streaming triad from memory; measured" if roof.data_in == "memory" else
+                  f"triad on arrays that stay in {roof.data_in}, as this kernel's working set does between "
+                  f"calls; measured")
+        lines.append(f"  bandwidth             {roof.bandwidth_gbs:.1f} GB/s ({source})"
                      f" -> ridge at {roof.ridge:.3g} FLOP/byte")
         if roof.bound == "memory":
             lines.append(f"  bound                 memory: {ai:.3g} x {roof.bandwidth_gbs:.1f} = "

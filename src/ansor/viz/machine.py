@@ -137,6 +137,18 @@ class MachinePeaks:
     cores: int
     peak_gflops: dict[str, float] = field(default_factory=dict)  # dtype -> GFLOP/s
     bandwidth_gbs: float = 0.0
+    # the same triad on arrays that stay in a cache between calls: cache name -> (bytes the
+    # target's cores hold of it together, GB/s). A kernel whose working set fits there is timed
+    # warm (calls back to back), so that is its memory roof.
+    cache_bandwidth: dict[str, tuple[int, float]] = field(default_factory=dict)
+
+    def bandwidth_for(self, working_set: int) -> tuple[str, float]:
+        """(where the data lives, GB/s) for a kernel touching `working_set` bytes per call,
+        timed in repeated calls: the smallest measured cache that holds it, else memory."""
+        for name, (size, gbs) in sorted(self.cache_bandwidth.items(), key=lambda kv: kv[1][0]):
+            if working_set <= size and gbs > self.bandwidth_gbs:  # (a cache shared with other
+                return name, gbs                                  # tenants may measure slower)
+        return "memory", self.bandwidth_gbs
 
     @property
     def key(self) -> str:
@@ -155,7 +167,8 @@ class MachinePeaks:
     def from_dict(cls, data: dict) -> MachinePeaks:
         """Back from `to_dict`; KeyError, TypeError or ValueError for a damaged entry."""
         peaks = {str(k): float(v) for k, v in dict(data["peak_gflops"]).items()}
-        return cls(str(data["cpu"]), str(data["isa"]), int(data["cores"]), peaks, float(data["bandwidth_gbs"]))
+        caches = {str(k): (int(v[0]), float(v[1])) for k, v in dict(data.get("cache_bandwidth", {})).items()}
+        return cls(str(data["cpu"]), str(data["isa"]), int(data["cores"]), peaks, float(data["bandwidth_gbs"]), caches)
 
 
 def machine_key(cpu: str, isa: str, cores: int) -> str:
@@ -202,7 +215,10 @@ def _best_of(a: MachinePeaks, b: MachinePeaks) -> MachinePeaks:
     """Field by field, the higher of two measurements of one machine."""
     dtypes = set(a.peak_gflops) | set(b.peak_gflops)
     peak = {d: max(a.peak_gflops.get(d, 0.0), b.peak_gflops.get(d, 0.0)) for d in dtypes}
-    return replace(a, peak_gflops=peak, bandwidth_gbs=max(a.bandwidth_gbs, b.bandwidth_gbs))
+    caches = dict(b.cache_bandwidth)
+    for name, (size, gbs) in a.cache_bandwidth.items():
+        caches[name] = (size, max(gbs, caches.get(name, (size, 0.0))[1]))
+    return replace(a, peak_gflops=peak, bandwidth_gbs=max(a.bandwidth_gbs, b.bandwidth_gbs), cache_bandwidth=caches)
 
 
 def _read_peaks(file: Path) -> dict:
@@ -299,7 +315,19 @@ def measure_peaks(target: Target | None = None, seconds: float = 0.25, stream_by
     triad.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
     ptrs = (a.ctypes.data, b.ctypes.data, c.ctypes.data)
     bandwidth = _best_rate(lambda reps: [triad(*ptrs, n, threads) for _ in range(reps)], 12.0 * n, seconds) / 1e9
-    return MachinePeaks(cpu_model(), target.isa, target.num_cores, peaks, bandwidth)
+    cache_bandwidth = {}
+    for level in cpu_caches(threads):
+        if level.name == "L1":
+            continue
+        capacity = level.size * max(1, threads // level.shared_by)  # what the cores hold of it together
+        if capacity >= stream_bytes * 3 or capacity < 6 * 4096:
+            continue
+        m = capacity // 24  # three arrays filling half of it, so they stay there
+        xs = [np.ones(m, dtype=np.float32) for _ in range(3)]
+        p3 = tuple(x.ctypes.data for x in xs)
+        gbs = _best_rate(lambda reps: [triad(*p3, m, threads) for _ in range(reps)], 12.0 * m, seconds) / 1e9
+        cache_bandwidth[level.name] = (capacity, gbs)
+    return MachinePeaks(cpu_model(), target.isa, target.num_cores, peaks, bandwidth, cache_bandwidth)
 
 
 def _best_rate(run, work_per_unit: float, seconds: float) -> float:
