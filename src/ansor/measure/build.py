@@ -170,10 +170,10 @@ class Builder(CachedBuilder):
         command = [*shlex.split(self.compiler), *self.cflags, "-o", tmp_lib, str(c_path), *LINK_FLAGS]
         start = time.perf_counter()
         try:
-            error_no, error_msg = _run_compiler(command, self.timeout)
+            error_no, error_msg = run_compiler(command, self.timeout)
             seconds = time.perf_counter() - start
             if error_no != MeasureErrorNo.NO_ERROR:
-                return BuildResult(source_hash, None, int(error_no), error_msg, seconds)
+                return BuildResult(source_hash, None, int(error_no), error_msg[:MAX_ERROR_CHARS], seconds)
             # Readers only ever see a complete library: the rename is atomic.
             os.replace(tmp_lib, lib_path)
             return BuildResult(source_hash, str(lib_path), ok, "", seconds)
@@ -182,8 +182,10 @@ class Builder(CachedBuilder):
                 os.unlink(tmp_lib)
 
 
-def _run_compiler(command: list[str], timeout: float) -> tuple[int, str]:
-    """Run the compiler; on timeout kill its whole process group (gcc's cc1 is a grandchild).
+def run_compiler(command: list[str], timeout: float) -> tuple[MeasureErrorNo, str]:
+    """Run a compiler: (error number, its output). On timeout its whole process group is
+    killed (gcc's cc1 and nvcc's cicc/ptxas are grandchildren). The output is returned on
+    success too (ptxas reports resource usage there); callers cut error text to length.
 
     Its own session keeps a terminal's Ctrl-C away from it (the tuner decides); the
     parent-death signal ends it if the tuner is killed (this thread waits for it).
@@ -200,17 +202,15 @@ def _run_compiler(command: list[str], timeout: float) -> tuple[int, str]:
     except OSError as err:
         return MeasureErrorNo.COMPILE_HOST, f"cannot run compiler {command[0]!r}: {err}"
     try:
-        output, _ = proc.communicate(timeout=timeout)
+        raw, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         proc.communicate()
         return MeasureErrorNo.BUILD_TIMEOUT, f"compilation exceeded the {timeout:g} s timeout"
+    output = raw.decode(errors="replace").strip()
     if proc.returncode != 0:
-        text = output.decode(errors="replace").strip()
-        if not text:
-            text = f"{command[0]} exited with code {proc.returncode}"
-        return MeasureErrorNo.COMPILE_HOST, text[:MAX_ERROR_CHARS]
-    return MeasureErrorNo.NO_ERROR, ""
+        return MeasureErrorNo.COMPILE_HOST, output or f"{command[0]} exited with code {proc.returncode}"
+    return MeasureErrorNo.NO_ERROR, output
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
@@ -24,9 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ansor.process_lifetime import child_preexec_bound_to_this_thread
-
-from .build import MAX_ERROR_CHARS, BuildResult, CachedBuilder, _kill_group, _write_atomically
+from .build import MAX_ERROR_CHARS, BuildResult, CachedBuilder, _write_atomically, run_compiler
 from .errors import DeviceUnavailableError, MeasureErrorNo
 from .gpu_module import GPUModule
 from .run import Runner
@@ -143,7 +140,7 @@ class CudaBuilder(CachedBuilder):
         os.close(fd)
         start = time.perf_counter()
         try:
-            error_no, output = _run_nvcc(self.command(str(cu_path), tmp_cubin), self.timeout)
+            error_no, output = run_compiler(self.command(str(cu_path), tmp_cubin), self.timeout)
             seconds = time.perf_counter() - start
             if error_no != MeasureErrorNo.NO_ERROR:
                 return BuildResult(source_hash, None, int(error_no), output[:MAX_ERROR_CHARS], seconds)
@@ -170,27 +167,6 @@ class CudaBuilder(CachedBuilder):
                         f"{usage['spill_loads']} bytes spill loads with {usage['registers']} "
                         f"registers ({self.arch})")
         return None
-
-
-def _run_nvcc(command: list[str], timeout: float) -> tuple[MeasureErrorNo, str]:
-    """(error number, nvcc's output): the output is wanted on success too (ptxas's report).
-    On timeout the whole process group goes (nvcc runs cicc and ptxas as children)."""
-    try:
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=child_preexec_bound_to_this_thread())
-    except OSError as err:
-        return MeasureErrorNo.COMPILE_HOST, f"cannot run nvcc {command[0]!r}: {err}"
-    try:
-        raw, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        proc.communicate()
-        return MeasureErrorNo.BUILD_TIMEOUT, f"compilation exceeded the {timeout:g} s timeout"
-    output = raw.decode(errors="replace").strip()
-    if proc.returncode != 0:
-        return MeasureErrorNo.COMPILE_HOST, output or f"{command[0]} exited with code {proc.returncode}"
-    return MeasureErrorNo.NO_ERROR, output
 
 
 def _cupy() -> Any:
