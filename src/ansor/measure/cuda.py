@@ -25,7 +25,7 @@ import numpy as np
 
 from .build import MAX_ERROR_CHARS, BuildResult, CachedBuilder, _write_atomically, run_compiler
 from .errors import DeviceUnavailableError, MeasureErrorNo
-from .gpu_module import GPUModule
+from .gpu_module import DeviceKernel, GPUModule
 from .run import Runner
 from .timing import TimingPolicy
 
@@ -184,16 +184,13 @@ def _cupy() -> Any:
     return cupy
 
 
-class CudaKernel:
+class CudaKernel(DeviceKernel):
     """A built CUDA program, called like a CPU `KernelLibrary`: `kernel(*inputs, *outputs)`.
 
     The launch plan comes from the source beside the cubin (or `module`). Device buffers are
     allocated once; a call copies inputs and outputs in, launches the kernels in order and
     copies the outputs back into the given arrays.
     """
-
-    packed_nbytes: tuple[int, ...] = ()
-    has_timer = True  # CUDA events
 
     def __init__(self, cubin_path: str | os.PathLike, entry: str | None = None,
                  module: GPUModule | None = None) -> None:
@@ -238,26 +235,9 @@ class CudaKernel:
         end.synchronize()
         return self._cupy.cuda.get_elapsed_time(start, end) * 1e-3
 
-    def time(self, *arrays: np.ndarray, number: int = 1, repeat: int = 3) -> list[float]:
-        """Seconds per run, one value per repeat of `number` runs, after one untimed run."""
-        self.timed(arrays, 1)
-        return [self.timed(arrays, number) / number for _ in range(repeat)]
-
-    def packed_buffers(self) -> list[np.ndarray]:
-        return []
-
-    def prepack(self, buffers: Sequence[np.ndarray]) -> None:
-        """Nothing to pack (KernelLibrary's interface)."""
-
     def close(self) -> None:
         self._launches = []
         self._device = {}
-
-    def __enter__(self) -> CudaKernel:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 class CudaRunner(Runner):

@@ -217,3 +217,30 @@ def _kernel(entry: Any, index: int, buffer_names: set[str]) -> KernelLaunch:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+class DeviceKernel:
+    """What a GPU program's loader shares with the CPU's `KernelLibrary` interface, so the
+    worker, `measure_costs` and `Kernel` call every backend's kernels alike. A subclass
+    provides `__call__(*arrays)`, `timed(buffers, number)` (device clock) and `close()`."""
+
+    packed_nbytes: tuple[int, ...] = ()  # no packed parameters: prepacking is a CPU layout matter
+    has_timer = True  # timed on the device's clock, not by the caller's
+
+    def time(self, *arrays: np.ndarray, number: int = 1, repeat: int = 3) -> list[float]:
+        """Seconds per run, one value per repeat of `number` runs, after one untimed run (a
+        first launch may include the device compiler's work)."""
+        self.timed(arrays, 1)
+        return [self.timed(arrays, number) / number for _ in range(repeat)]
+
+    def packed_buffers(self) -> list[np.ndarray]:
+        return []
+
+    def prepack(self, buffers: Sequence[np.ndarray]) -> None:
+        """Nothing to pack (KernelLibrary's interface)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -26,7 +26,7 @@ import numpy as np
 
 from .build import MAX_ERROR_CHARS, BuildResult, CachedBuilder, _write_atomically
 from .errors import DeviceUnavailableError, MeasureErrorNo
-from .gpu_module import GPUModule
+from .gpu_module import DeviceKernel, GPUModule
 from .run import Runner
 from .timing import TimingPolicy
 
@@ -131,7 +131,7 @@ def _read_program(path_or_source: str | os.PathLike) -> tuple[str, str | None]:
     return Path(path).read_text(), os.path.abspath(path)
 
 
-class OpenCLKernel:
+class OpenCLKernel(DeviceKernel):
     """A generated OpenCL program, built once, called like a CPU `KernelLibrary`.
 
     Device buffers (one per buffer of the plan) and kernel arguments are set up once; a call
@@ -140,9 +140,6 @@ class OpenCLKernel:
     copies the outputs back into the given arrays. `entry` is the program's name as the
     printer gave it, kept for the loader signature (path, entry): the plan says what runs.
     """
-
-    packed_nbytes: tuple[int, ...] = ()  # no packed parameters: prepacking is a CPU layout matter
-    has_timer = True  # timed by profiling events, not by the caller's clock
 
     def __init__(self, path_or_source: str | os.PathLike, entry: str | None = None,
                  platform: str = DEFAULT_PLATFORM) -> None:
@@ -221,30 +218,12 @@ class OpenCLKernel:
             done += EVENTS_PER_WAIT
         return total_ns * 1e-9
 
-    def time(self, *arrays: np.ndarray, number: int = 1, repeat: int = 3) -> list[float]:
-        """Seconds per run, one value per repeat of `number` runs, after one untimed run (a
-        first launch may include the device compiler's work)."""
-        self.timed(arrays, 1)
-        return [self.timed(arrays, number) / number for _ in range(repeat)]
-
-    def packed_buffers(self) -> list[np.ndarray]:
-        return []
-
-    def prepack(self, buffers: Sequence[np.ndarray]) -> None:
-        """Nothing to pack (KernelLibrary's interface)."""
-
     def close(self) -> None:
         """Release the device buffers now rather than when the garbage collector gets to them."""
         device, self._device = getattr(self, "_device", {}), {}
         self._launches = None  # type: ignore[assignment]
         for buffer in device.values():
             buffer.release()
-
-    def __enter__(self) -> OpenCLKernel:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 _T = TypeVar("_T")
