@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ansor.lower import ir
-from ansor.lower.rewrite import flat_seq
+from ansor.lower.rewrite import flat_seq, map_children
 from ansor.schedule.errors import ScheduleError
 from ansor.te import expr as E
 
@@ -192,17 +192,7 @@ def _sink_thread_guards(stmt: ir.Stmt, thread_vars: set[int]) -> ir.Stmt:
     if t is ir.IfThenElse and stmt.orelse is None and _depends_on(stmt.cond, thread_vars) \
             and _writes_shared(stmt.then) and not _is_fill(stmt.then):  # (a fill's own checks stay)
         return _guard_all_but_fills(_sink_thread_guards(stmt.then, thread_vars), stmt.cond)
-    if t is ir.For:
-        return ir.For(stmt.var, stmt.extent, stmt.kind, _sink_thread_guards(stmt.body, thread_vars),
-                      stmt.unroll_hint)
-    if t is ir.Seq:
-        return ir.Seq([_sink_thread_guards(s, thread_vars) for s in stmt.stmts])
-    if t is ir.Allocate:
-        return ir.Allocate(stmt.buffer, _sink_thread_guards(stmt.body, thread_vars))
-    if t is ir.IfThenElse:
-        orelse = _sink_thread_guards(stmt.orelse, thread_vars) if stmt.orelse is not None else None
-        return ir.IfThenElse(stmt.cond, _sink_thread_guards(stmt.then, thread_vars), orelse)
-    return stmt
+    return map_children(stmt, lambda s: _sink_thread_guards(s, thread_vars))
 
 
 def _guard_all_but_fills(stmt: ir.Stmt, cond: E.Expr) -> ir.Stmt:
@@ -210,16 +200,8 @@ def _guard_all_but_fills(stmt: ir.Stmt, cond: E.Expr) -> ir.Stmt:
         return ir.IfThenElse(cond, stmt)
     if _is_fill(stmt):
         return stmt
-    t = type(stmt)
-    if t is ir.For:
-        return ir.For(stmt.var, stmt.extent, stmt.kind, _guard_all_but_fills(stmt.body, cond), stmt.unroll_hint)
-    if t is ir.Seq:
-        return ir.Seq([_guard_all_but_fills(s, cond) for s in stmt.stmts])
-    if t is ir.Allocate:
-        return ir.Allocate(stmt.buffer, _guard_all_but_fills(stmt.body, cond))
-    if t is ir.IfThenElse:
-        orelse = _guard_all_but_fills(stmt.orelse, cond) if stmt.orelse is not None else None
-        return ir.IfThenElse(stmt.cond, _guard_all_but_fills(stmt.then, cond), orelse)
+    if type(stmt) in (ir.For, ir.Seq, ir.Allocate, ir.IfThenElse):
+        return map_children(stmt, lambda s: _guard_all_but_fills(s, cond))
     return ir.IfThenElse(cond, stmt)
 
 
@@ -247,16 +229,7 @@ def _insert_barriers(stmt: ir.Stmt) -> ir.Stmt:
         if filling:
             out.append(ir.Barrier("shared"))
         return ir.Seq(out)
-    if not _writes_shared(stmt):
-        return stmt
-    if t is ir.For:
-        return ir.For(stmt.var, stmt.extent, stmt.kind, _insert_barriers(stmt.body), stmt.unroll_hint)
-    if t is ir.Allocate:
-        return ir.Allocate(stmt.buffer, _insert_barriers(stmt.body))
-    if t is ir.IfThenElse:
-        orelse = _insert_barriers(stmt.orelse) if stmt.orelse is not None else None
-        return ir.IfThenElse(stmt.cond, _insert_barriers(stmt.then), orelse)
-    return stmt
+    return map_children(stmt, _insert_barriers) if _writes_shared(stmt) else stmt
 
 
 def _has_barrier(stmt: ir.Stmt) -> bool:
@@ -286,19 +259,10 @@ def _hoist_shared(stmt: ir.Stmt) -> tuple[ir.Stmt, list[ir.Buffer]]:
     found: list[ir.Buffer] = []
 
     def strip(s: ir.Stmt) -> ir.Stmt:
-        t = type(s)
-        if t is ir.Allocate:
-            if s.buffer.scope == "shared":
-                found.append(s.buffer)
-                return strip(s.body)
-            return ir.Allocate(s.buffer, strip(s.body))
-        if t is ir.For:
-            return ir.For(s.var, s.extent, s.kind, strip(s.body), s.unroll_hint)
-        if t is ir.Seq:
-            return ir.Seq([strip(x) for x in s.stmts])
-        if t is ir.IfThenElse:
-            return ir.IfThenElse(s.cond, strip(s.then), strip(s.orelse) if s.orelse is not None else None)
-        return s
+        if type(s) is ir.Allocate and s.buffer.scope == "shared":
+            found.append(s.buffer)
+            return strip(s.body)
+        return map_children(s, strip)
 
     try:
         return strip(stmt), found
@@ -415,14 +379,8 @@ def _cross_thread_reductions(stmt: ir.Stmt, stage: str) -> ir.Stmt:
                                        f"initialization is not right before it")
             out[-1] = _all_reduce(item, thread_loop, store, identity)
         return ir.Seq(out)
-    if t is ir.For:
-        return ir.For(stmt.var, stmt.extent, stmt.kind, _cross_thread_reductions(stmt.body, stage),
-                      stmt.unroll_hint)
-    if t is ir.Allocate:
-        return ir.Allocate(stmt.buffer, _cross_thread_reductions(stmt.body, stage))
-    if t is ir.IfThenElse:
-        orelse = _cross_thread_reductions(stmt.orelse, stage) if stmt.orelse is not None else None
-        return ir.IfThenElse(stmt.cond, _cross_thread_reductions(stmt.then, stage), orelse)
+    if t in (ir.For, ir.Allocate, ir.IfThenElse):
+        return map_children(stmt, lambda s: _cross_thread_reductions(s, stage))
     if _thread_reduction(stmt) is not None:
         raise GPUScheduleError(f"stage {stage!r}: a reduction bound to threads without its initialization")
     return stmt
@@ -443,19 +401,10 @@ def _all_reduce(nest: ir.For, thread_loop: ir.For, store: ir.Store, identity: E.
     mine = ir.BufferLoad(partial, (zero,))
 
     def redirect(s: ir.Stmt) -> ir.Stmt:
-        t = type(s)
         if s is store:
             _, value = _reduction_update(store)
             return ir.Store(partial, (zero,), E.BinOp(op, mine, value, dtype))
-        if t is ir.For:
-            return ir.For(s.var, s.extent, s.kind, redirect(s.body), s.unroll_hint)
-        if t is ir.Seq:
-            return ir.Seq([redirect(x) for x in s.stmts])
-        if t is ir.IfThenElse:
-            return ir.IfThenElse(s.cond, redirect(s.then), redirect(s.orelse) if s.orelse is not None else None)
-        if t is ir.Allocate:
-            return ir.Allocate(s.buffer, redirect(s.body))
-        return s
+        return map_children(s, redirect)
 
     tid = E.Var(f"{thread_loop.var.name}.combine")
     steps: list[ir.Stmt] = [ir.Store(red, (tid,), mine), ir.Barrier("shared")]

@@ -60,3 +60,19 @@ def flat_seq(stmt: ir.Stmt) -> list[ir.Stmt]:
     for x in stmt.stmts:
         out.extend(flat_seq(x))
     return out
+
+
+def map_children(stmt: ir.Stmt, fn) -> ir.Stmt:
+    """`stmt` with `fn` applied to each statement directly inside it (a loop's or an
+    allocation's body, a sequence's items, both branches of an `if`); other nodes as they are.
+    The one place a recursive pass spells out how each node is rebuilt."""
+    t = type(stmt)
+    if t is ir.For:
+        return ir.For(stmt.var, stmt.extent, stmt.kind, fn(stmt.body), stmt.unroll_hint)
+    if t is ir.Seq:
+        return ir.Seq([fn(s) for s in stmt.stmts])
+    if t is ir.Allocate:
+        return ir.Allocate(stmt.buffer, fn(stmt.body))
+    if t is ir.IfThenElse:
+        return ir.IfThenElse(stmt.cond, fn(stmt.then), fn(stmt.orelse) if stmt.orelse is not None else None)
+    return stmt
