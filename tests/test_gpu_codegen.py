@@ -15,7 +15,6 @@ import pytest
 import ansor
 from ansor import te
 from ansor.backend import backend_for, generate_source, lower_for
-from ansor.codegen.gpu import launch_metadata
 from ansor.costmodel.features import program_features
 from ansor.lower import ir
 from ansor.lower.gpu import GPUScheduleError, kernels_of
@@ -100,10 +99,11 @@ def test_a_matmul_lowers_to_one_kernel_with_block_tiles_in_shared_memory():
 def test_printed_sources_carry_their_launch_and_show_the_tiles():
     task, s = gpu_matmul()
     cl_source, entry = generate_source(s, task.target)
-    meta = launch_metadata(cl_source)
-    assert meta["language"] == "opencl"
-    assert meta["kernels"] == [{"name": entry, "grid": [16, 1, 1], "block": [4, 1, 1], "args": ["A", "B", "matmul"]}]
-    assert [b["role"] for b in meta["buffers"]] == ["input", "input", "output"]
+    from ansor.measure.gpu_module import GPUModule, KernelLaunch
+    module = GPUModule.parse(cl_source)
+    assert module.language == "opencl"
+    assert module.kernels == (KernelLaunch(entry, (16, 1, 1), (4, 1, 1), ("A", "B", "matmul")),)
+    assert [b.role for b in module.buffers] == ["input", "input", "output"]
     assert "__local float A_shared[128];" in cl_source and "barrier(CLK_LOCAL_MEM_FENCE);" in cl_source
     assert "reqd_work_group_size(4, 1, 1)" in cl_source and "get_local_id(0)" in cl_source
     cuda_task, cuda_state = gpu_matmul(target=ansor.Target.cuda())

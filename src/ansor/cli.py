@@ -233,11 +233,16 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
 def _target_from_args(args):
     import ansor
 
+    isa, cores = getattr(args, "isa", None), getattr(args, "cores", None)  # (tune and viz take them)
     if args.target == "cuda":
-        return ansor.Target.cuda(args.arch)
-    if args.target == "opencl":
-        return ansor.Target.opencl(args.device)
-    return ansor.Target.host()
+        target = ansor.Target.cuda(args.arch)
+    elif args.target == "opencl":
+        target = ansor.Target.opencl(args.device)
+    else:
+        return ansor.Target.host(isa=isa, num_cores=cores)
+    if isa is not None or cores is not None:
+        raise ValueError("--isa and --cores describe a CPU target; this one is " + target.key)
+    return target
 
 
 def _task_from_args(args):
@@ -367,10 +372,6 @@ def cmd_viz(args) -> int:
     from ansor.viz import visualize
 
     task = _task_from_args(args)
-    if args.isa is not None or args.cores is not None:
-        if task.target.kind != "cpu":
-            raise ValueError("--isa and --cores describe a CPU target; this one is " + task.target.key)
-        task.target = ansor.Target.host(isa=args.isa, num_cores=args.cores)
     if args.output is not None and not args.output.lower().endswith((".png", ".svg")):
         raise ValueError(f"-o {args.output}: the picture is written as PNG or SVG; give a .png or .svg file")
     db_path = args.database or str(ansor.default_database_path())
@@ -398,10 +399,6 @@ def cmd_tune(args) -> int:
     from ansor.report import console
 
     task = _task_from_args(args)
-    if args.isa is not None or args.cores is not None:
-        if task.target.kind != "cpu":
-            raise ValueError("--isa and --cores describe a CPU target; this one is " + task.target.key)
-        task.target = ansor.Target.host(isa=args.isa, num_cores=args.cores)
     if args.trials < 0:
         raise ValueError("--trials must be >= 0")
     if args.time_budget is not None and args.time_budget <= 0:

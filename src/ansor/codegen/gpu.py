@@ -198,10 +198,3 @@ def print_gpu(func: ir.PrimFunc, language: str) -> tuple[str, str]:
     source = printer.generate()
     return source, printer.names(printer.kernels[0], printer.kernels[0].name)
 
-
-def launch_metadata(source: str) -> dict:
-    """The launch metadata of a printed GPU program (its first line)."""
-    first = source.split("\n", 1)[0]
-    if not first.startswith(LAUNCH_PREFIX):
-        raise ValueError("not a GPU program printed by ansor: its first line has no launch metadata")
-    return json.loads(first[len(LAUNCH_PREFIX):])
