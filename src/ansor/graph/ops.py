@@ -196,14 +196,17 @@ def conv_padding4(padding: Sequence[int]) -> tuple[int, int, int, int]:
     return tuple(padding)  # type: ignore[return-value]
 
 
-@_register("conv2d", (2, 3), {"stride": (1, 1), "padding": (0, 0), "dilation": (1, 1), "groups": 1})
+@_register("conv2d", (2, 3), {"stride": (1, 1), "padding": (0, 0), "dilation": (1, 1), "groups": 1,
+                         "layout": "NCHW"})
 def _conv2d(types, attrs):
-    """NCHW input, OIHW weight (I = C / groups); padding (vertical, horizontal) on both sides,
-    or (top, left, bottom, right) where a folded pad made it asymmetric."""
+    """NCHW input with OIHW weight, or NHWC input with HWIO weight (I = C / groups); padding
+    (vertical, horizontal) on both sides, or (top, left, bottom, right) where a folded pad made
+    it asymmetric."""
     x, w = types[0], types[1]
     _check(len(x.shape) == 4 and len(w.shape) == 4, "conv2d: needs 4-d input and weight")
-    n, c, h, wd = x.shape
-    o, ci, kh, kw = w.shape
+    nhwc = _layout(attrs, "conv2d")
+    n, c, h, wd = (x.shape[0], x.shape[3], x.shape[1], x.shape[2]) if nhwc else x.shape
+    kh, kw, ci, o = w.shape if nhwc else (w.shape[2], w.shape[3], w.shape[1], w.shape[0])
     g = attrs["groups"]
     _check(c == ci * g and o % g == 0, f"conv2d: {c} channels, weight {w.shape}, groups {g}")
     if len(types) == 3:
@@ -214,7 +217,23 @@ def _conv2d(types, attrs):
     oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
     ow = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
     _check(oh > 0 and ow > 0, f"conv2d: empty output for input {x.shape}")
-    return TensorType((n, o, oh, ow), x.dtype)
+    return TensorType(_in_layout(attrs, n, o, (oh, ow)), x.dtype)
+
+
+def _layout(attrs, op: str) -> bool:
+    """Whether the operator's activations are channels-last (NHWC) rather than NCHW."""
+    _check(attrs["layout"] in ("NCHW", "NHWC"), f"{op}: layout {attrs['layout']!r} "
+                                                "(NCHW or NHWC)")
+    return attrs["layout"] == "NHWC"
+
+
+def spatial_dims(layout: str) -> tuple[int, int]:
+    """The height and width axes of a 4-d activation in `layout`."""
+    return (1, 2) if layout == "NHWC" else (2, 3)
+
+
+def _in_layout(attrs, n: int, c: int, hw: Sequence[int]) -> Shape:
+    return (n, *hw, c) if attrs["layout"] == "NHWC" else (n, c, *hw)
 
 
 @_register("linear", (2, 3))
@@ -279,32 +298,42 @@ def _pool_out(size: int, k: int, s: int, p: int, d: int, ceil: bool) -> int:
 
 
 @_register("max_pool2d", 1, {"kernel": (1, 1), "stride": (1, 1), "padding": (0, 0),
-                             "dilation": (1, 1), "ceil_mode": False})
+                             "dilation": (1, 1), "ceil_mode": False, "layout": "NCHW"})
 def _max_pool2d(types, attrs):
     x = types[0]
-    _check(len(x.shape) == 4, "max_pool2d: needs NCHW")
-    hw = tuple(_pool_out(x.shape[2 + i], attrs["kernel"][i], attrs["stride"][i],
+    _check(len(x.shape) == 4, "max_pool2d: needs a 4-d input")
+    _layout(attrs, "max_pool2d")
+    spatial = spatial_dims(attrs["layout"])
+    hw = tuple(_pool_out(x.shape[spatial[i]], attrs["kernel"][i], attrs["stride"][i],
                          attrs["padding"][i], attrs["dilation"][i], attrs["ceil_mode"])
                for i in range(2))
-    return TensorType(x.shape[:2] + hw, x.dtype)
+    return TensorType(_in_layout(attrs, x.shape[0], x.shape[_channel(attrs)], hw), x.dtype)
+
+
+def _channel(attrs) -> int:
+    return 3 if attrs["layout"] == "NHWC" else 1
 
 
 @_register("avg_pool2d", 1, {"kernel": (1, 1), "stride": (1, 1), "padding": (0, 0),
                              "ceil_mode": False, "count_include_pad": True,
-                             "divisor_override": None})
+                             "divisor_override": None, "layout": "NCHW"})
 def _avg_pool2d(types, attrs):
     x = types[0]
-    _check(len(x.shape) == 4, "avg_pool2d: needs NCHW")
-    hw = tuple(_pool_out(x.shape[2 + i], attrs["kernel"][i], attrs["stride"][i],
+    _check(len(x.shape) == 4, "avg_pool2d: needs a 4-d input")
+    _layout(attrs, "avg_pool2d")
+    spatial = spatial_dims(attrs["layout"])
+    hw = tuple(_pool_out(x.shape[spatial[i]], attrs["kernel"][i], attrs["stride"][i],
                          attrs["padding"][i], 1, attrs["ceil_mode"]) for i in range(2))
-    return TensorType(x.shape[:2] + hw, x.dtype)
+    return TensorType(_in_layout(attrs, x.shape[0], x.shape[_channel(attrs)], hw), x.dtype)
 
 
-@_register("adaptive_avg_pool2d", 1, {"output_size": (1, 1)})
+@_register("adaptive_avg_pool2d", 1, {"output_size": (1, 1), "layout": "NCHW"})
 def _adaptive_avg_pool2d(types, attrs):
     x = types[0]
-    _check(len(x.shape) == 4, "adaptive_avg_pool2d: needs NCHW")
-    return TensorType(x.shape[:2] + tuple(attrs["output_size"]), x.dtype)
+    _check(len(x.shape) == 4, "adaptive_avg_pool2d: needs a 4-d input")
+    _layout(attrs, "adaptive_avg_pool2d")
+    return TensorType(_in_layout(attrs, x.shape[0], x.shape[_channel(attrs)],
+                                 tuple(attrs["output_size"])), x.dtype)
 
 
 # ----------------------------------------------------------------------------- layout

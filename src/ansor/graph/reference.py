@@ -304,6 +304,15 @@ def _pad(xs, a):
     return np.pad(xs[0], a["pads"], constant_values=a["value"])
 
 
+def _nhwc_args_as_nchw(op: str, args: list[np.ndarray]) -> list[np.ndarray]:
+    """An NHWC operator's arguments in the NCHW kernel's layouts: the activation NHWC -> NCHW,
+    a conv weight HWIO -> OIHW (a bias stays)."""
+    out = [args[0].transpose(0, 3, 1, 2)]
+    if op == "conv2d":
+        out.append(args[1].transpose(3, 2, 0, 1))
+    return out + list(args[len(out):])
+
+
 def run_node(graph: Graph, node: Node, args: list[np.ndarray]) -> np.ndarray:
     """Evaluate one node on numpy inputs, returning an array of the node's recorded type."""
     if node.op not in KERNELS:
@@ -312,10 +321,15 @@ def run_node(graph: Graph, node: Node, args: list[np.ndarray]) -> np.ndarray:
     out_type = graph.types[node.output]
     if node.op in ("mean", "sum", "max"):
         attrs["op"] = node.op
+    channels_last = attrs.get("layout") == "NHWC"
+    if channels_last:  # the kernels are written for NCHW: transpose in and out
+        args = _nhwc_args_as_nchw(node.op, args)
     if node.op in ("conv2d", "max_pool2d", "avg_pool2d"):
-        attrs["out_hw"] = out_type.shape[2:]
+        attrs["out_hw"] = out_type.shape[1:3] if channels_last else out_type.shape[2:]
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         y = KERNELS[node.op](args, attrs)
+    if channels_last:
+        y = np.ascontiguousarray(np.asarray(y).transpose(0, 2, 3, 1))
     y = np.asarray(y, dtype=out_type.dtype)
     if y.shape != out_type.shape:
         raise GraphError(f"%{node.output} = {node.op}: kernel gave shape {y.shape}, "

@@ -235,16 +235,19 @@ def _batch_norm(args: list[Value], node: Node, out: TensorType, name: str) -> Te
 def _conv2d(args: list[Value], node: Node, out: TensorType, name: str) -> Tensor:
     data, weight = _tensor(args[0], node, "input"), _tensor(args[1], node, "weight")
     a = node.attrs
-    groups = a["groups"]
-    if groups > 1 and groups == data.shape[1] and weight.shape[1] == 1:
+    layout, groups = a["layout"], a["groups"]
+    channels = data.shape[3 if layout == "NHWC" else 1]
+    filter_inputs = weight.shape[2 if layout == "NHWC" else 1]
+    if groups > 1 and groups == channels and filter_inputs == 1:
         y = te.ops.depthwise_conv2d(data, weight, a["stride"], tuple(a["padding"]),
-                                    a["dilation"], name=name)
+                                    a["dilation"], layout=layout, name=name)
     else:
         y = te.ops.conv2d(data, weight, a["stride"], tuple(a["padding"]), a["dilation"],
-                          groups=groups, name=name)
+                          groups=groups, layout=layout, name=name)
     if len(args) == 3:
-        bias, conv, channels = args[2], y, (out.shape[1],)
-        y = te.compute(out.shape, lambda n, c, h, w: conv[n, c, h, w] + _read(bias, (c,), channels),
+        bias, conv = args[2], y
+        c_axis = 3 if layout == "NHWC" else 1
+        y = te.compute(out.shape, lambda *i: conv[i] + _read(bias, (i[c_axis],), (out.shape[c_axis],)),
                        name=f"{name}_bias", tag="elemwise")
     return y
 
@@ -433,31 +436,58 @@ def _layer_norm(args: list[Value], node: Node, out: TensorType, name: str) -> Te
 # ----------------------------------------------------------------------------- pooling
 
 
-def _pool_pads(x: Tensor, out: TensorType, kernel, stride, padding, dilation) -> list[tuple]:
+def _pool_pads(in_hw: Sequence[int], out_hw: Sequence[int], kernel, stride, padding,
+               dilation) -> list[tuple]:
     """(before, after) padding per spatial axis so every output window lies inside the padded
     input (ceil mode windows may reach past the declared padding)."""
     pads = []
     for d in range(2):
-        need = (out.shape[2 + d] - 1) * stride[d] + (kernel[d] - 1) * dilation[d] + 1
+        need = (out_hw[d] - 1) * stride[d] + (kernel[d] - 1) * dilation[d] + 1
         p = padding[d]
-        pads.append((p, max(0, need - x.shape[2 + d] - p)))
+        pads.append((p, max(0, need - in_hw[d] - p)))
     return pads
+
+
+class _Layout:
+    """Index helpers for a pooling operator's NCHW or NHWC activations, so that one body
+    written over (n, c, y, x) serves both."""
+
+    def __init__(self, layout: str):
+        self.nhwc = layout == "NHWC"
+
+    def hw(self, shape: Sequence[int]) -> tuple[int, int]:
+        return (shape[1], shape[2]) if self.nhwc else (shape[2], shape[3])
+
+    def at(self, n, c, y, x) -> tuple:
+        """An index tuple in this layout from its named parts."""
+        return (n, y, x, c) if self.nhwc else (n, c, y, x)
+
+    def body(self, fn: Callable) -> Callable:
+        """A te.compute body over this layout's axes calling fn(n, c, y, x)."""
+        if self.nhwc:
+            return lambda n, y, x, c: fn(n, c, y, x)
+        return fn
+
+    def padded(self, x: Tensor, pads: list[tuple], value: float, name: str) -> Tensor:
+        if not any(p for pair in pads for p in pair):
+            return x
+        (t, b), (left, r) = pads
+        return te.ops.pad(x, self.at(0, 0, t, left), self.at(0, 0, b, r), value, name=name)
 
 
 @_lowers("max_pool2d")
 def _max_pool2d(args: list[Value], node: Node, out: TensorType, name: str) -> Tensor:
     x = _tensor(args[0], node, "input")
     a = node.attrs
+    L = _Layout(a["layout"])
     (kh, kw), (sh, sw), (dh, dw) = a["kernel"], a["stride"], a["dilation"]
-    pads = _pool_pads(x, out, a["kernel"], a["stride"], a["padding"], a["dilation"])
-    src = x
-    if any(p for pair in pads for p in pair):
-        lowest = E.reduce_identity("max", x.dtype).value
-        src = te.ops.pad(x, (0, 0, pads[0][0], pads[1][0]), (0, 0, pads[0][1], pads[1][1]),
-                         lowest, name=f"{name}_pad")
+    pads = _pool_pads(L.hw(x.shape), L.hw(out.shape), a["kernel"], a["stride"], a["padding"],
+                      a["dilation"])
+    src = L.padded(x, pads, E.reduce_identity("max", x.dtype).value, f"{name}_pad")
     ry, rx = te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
-    return te.compute(out.shape, lambda n, c, y, w: E.max(
-        src[n, c, y * sh + ry * dh, w * sw + rx * dw], axis=[ry, rx]), name=name, tag="pool_max")
+    return te.compute(out.shape, L.body(lambda n, c, y, w: E.max(
+        src[L.at(n, c, y * sh + ry * dh, w * sw + rx * dw)], axis=[ry, rx])), name=name,
+        tag="pool_max")
 
 
 @_lowers("avg_pool2d")
@@ -466,16 +496,16 @@ def _avg_pool2d(args: list[Value], node: Node, out: TensorType, name: str) -> Te
     declared padding when count_include_pad), computed from the output position."""
     x = _tensor(args[0], node, "input")
     a = node.attrs
+    L = _Layout(a["layout"])
     (kh, kw), (sh, sw), (ph, pw) = a["kernel"], a["stride"], a["padding"]
-    pads = _pool_pads(x, out, a["kernel"], a["stride"], a["padding"], (1, 1))
-    src = x
-    if any(p for pair in pads for p in pair):
-        src = te.ops.pad(x, (0, 0, pads[0][0], pads[1][0]), (0, 0, pads[0][1], pads[1][1]),
-                         0.0, name=f"{name}_pad")
+    pads = _pool_pads(L.hw(x.shape), L.hw(out.shape), a["kernel"], a["stride"], a["padding"],
+                      (1, 1))
+    src = L.padded(x, pads, 0.0, f"{name}_pad")
     ry, rx = te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
-    total = te.compute(out.shape, lambda n, c, y, w: E.sum(
-        src[n, c, y * sh + ry, w * sw + rx], axis=[ry, rx]), name=f"{name}_sum", tag="pool_sum")
-    h, wd = x.shape[2:]
+    total = te.compute(out.shape, L.body(lambda n, c, y, w: E.sum(
+        src[L.at(n, c, y * sh + ry, w * sw + rx)], axis=[ry, rx])), name=f"{name}_sum",
+        tag="pool_sum")
+    h, wd = L.hw(x.shape)
     if a["divisor_override"] is not None:
         inv = 1.0 / a["divisor_override"]
         return te.compute(out.shape, lambda *i: total[i] * inv, name=name, tag="elemwise")
@@ -488,22 +518,24 @@ def _avg_pool2d(args: list[Value], node: Node, out: TensorType, name: str) -> Te
 
     def body(n, c, y, w):
         count = cells(y, sh, ph, kh, lo_h, hi_h) * cells(w, sw, pw, kw, lo_w, hi_w)
-        return total[n, c, y, w] / E.cast(count, x.dtype)
+        return total[L.at(n, c, y, w)] / E.cast(count, x.dtype)
 
-    return te.compute(out.shape, body, name=name, tag="elemwise")
+    return te.compute(out.shape, L.body(body), name=name, tag="elemwise")
 
 
 @_lowers("adaptive_avg_pool2d")
 def _adaptive_avg_pool2d(args: list[Value], node: Node, out: TensorType, name: str) -> Tensor:
     x = _tensor(args[0], node, "input")
-    (h, w), (oh, ow) = x.shape[2:], out.shape[2:]
+    L = _Layout(node.attrs["layout"])
+    (h, w), (oh, ow) = L.hw(x.shape), L.hw(out.shape)
     if h % oh or w % ow:
         raise NotImplementedError("adaptive_avg_pool2d with uneven windows has no te lowering")
     kh, kw = h // oh, w // ow
     ry, rx = te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx")
     inv = 1.0 / (kh * kw)
-    return te.compute(out.shape, lambda n, c, y, xx: E.sum(
-        x[n, c, y * kh + ry, xx * kw + rx] * inv, axis=[ry, rx]), name=name, tag="pool_avg")
+    return te.compute(out.shape, L.body(lambda n, c, y, xx: E.sum(
+        x[L.at(n, c, y * kh + ry, xx * kw + rx)] * inv, axis=[ry, rx])), name=name,
+        tag="pool_avg")
 
 
 # ----------------------------------------------------------------------------- layout

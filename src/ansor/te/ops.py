@@ -373,37 +373,59 @@ def conv2d(data: Tensor, weight: Tensor, stride: IntPair = 1, padding=0, dilatio
 
 
 def depthwise_conv2d(data: Tensor, weight: Tensor, stride: IntPair = 1, padding=0,
-                     dilation: IntPair = 1, name: str = "depthwise_conv2d") -> Tensor:
-    """Depthwise NCHW convolution: weight (c * multiplier, 1, kh, kw), output channel f reads
-    input channel f // multiplier (conv2d with groups = c)."""
+                     dilation: IntPair = 1, layout: str = "NCHW",
+                     name: str = "depthwise_conv2d") -> Tensor:
+    """Depthwise convolution (conv2d with groups = channels); output channel f reads input
+    channel f // multiplier.
+
+    NCHW data takes weight (c * multiplier, 1, kh, kw); NHWC data takes weight
+    (kh, kw, 1, c * multiplier) (conv2d's HWIO with one input channel per filter). NHWC puts the channels innermost, where a vector of them
+    loads contiguously whatever the stride: the layout that makes strided depthwise layers fast.
+    """
     op = "depthwise_conv2d"
     _check_tensor(op, "data", data, 4)
     _check_tensor(op, "weight", weight, 4)
     _check_same_dtype(op, data, weight)
+    if layout not in ("NCHW", "NHWC"):
+        raise ValueError(f"{op}: layout must be 'NCHW' or 'NHWC', got {layout!r}")
+    nchw = layout == "NCHW"
     sh, sw = _ints(op, "stride", stride, 2, 1)
     dh, dw = _ints(op, "dilation", dilation, 2, 1)
     pt, pl, pb, pr = _padding4(op, padding)
-    batch, c, h, w = data.shape
-    co, one, kh, kw = weight.shape
+    c_dim, h_dim, w_dim = (1, 2, 3) if nchw else (3, 1, 2)
+    o_dim, one_dim, kh_dim, kw_dim = (0, 1, 2, 3) if nchw else (3, 2, 0, 1)
+    batch, c, h, w = data.shape[0], data.shape[c_dim], data.shape[h_dim], data.shape[w_dim]
+    co, kh, kw = weight.shape[o_dim], weight.shape[kh_dim], weight.shape[kw_dim]
     if co % c:
-        raise ValueError(f"{op}: weight {weight.name!r} dimension 0 has {co} channels, which is "
-                         f"not a multiple of the {c} channels of {data.name!r} (dimension 1)")
-    _check_dim(op, weight, 1, 1, "one input channel per filter")
+        raise ValueError(f"{op}: weight {weight.name!r} dimension {o_dim} has {co} channels, "
+                         f"which is not a multiple of the {c} channels of {data.name!r} "
+                         f"(dimension {c_dim})")
+    _check_dim(op, weight, one_dim, 1, "one input channel per filter")
     mult = co // c
-    oh = _out_extent(op, data, 2, h, pt + pb, dh * (kh - 1) + 1, sh)
-    ow = _out_extent(op, data, 3, w, pl + pr, dw * (kw - 1) + 1, sw)
+    oh = _out_extent(op, data, h_dim, h, pt + pb, dh * (kh - 1) + 1, sh)
+    ow = _out_extent(op, data, w_dim, w, pl + pr, dw * (kw - 1) + 1, sw)
     padded = data
     if pt or pl or pb or pr:
-        padded = pad(data, (0, 0, pt, pl), (0, 0, pb, pr), 0.0, name=f"{name}_pad")
+        before = (0, 0, pt, pl) if nchw else (0, pt, pl, 0)
+        after = (0, 0, pb, pr) if nchw else (0, pb, pr, 0)
+        padded = pad(data, before, after, 0.0, name=f"{name}_pad")
     ry = reduce_axis(kh, "ry")
     rx = reduce_axis(kw, "rx")
 
-    def body(nn, ff, yy, xx):
-        cin = ff if mult == 1 else ff // mult
-        return E.sum(padded[nn, cin, yy * sh + ry * dh, xx * sw + rx * dw] * weight[ff, 0, ry, rx],
-                     axis=[ry, rx])
+    if nchw:
+        def body(nn, ff, yy, xx):
+            cin = ff if mult == 1 else ff // mult
+            return E.sum(padded[nn, cin, yy * sh + ry * dh, xx * sw + rx * dw]
+                         * weight[ff, 0, ry, rx], axis=[ry, rx])
 
-    return compute((batch, co, oh, ow), body, name=name, tag="depthwise_conv2d_nchw")
+        return compute((batch, co, oh, ow), body, name=name, tag="depthwise_conv2d_nchw")
+
+    def body_nhwc(nn, yy, xx, ff):
+        cin = ff if mult == 1 else ff // mult
+        return E.sum(padded[nn, yy * sh + ry * dh, xx * sw + rx * dw, cin]
+                     * weight[ry, rx, 0, ff], axis=[ry, rx])
+
+    return compute((batch, oh, ow, co), body_nhwc, name=name, tag="depthwise_conv2d_nhwc")
 
 
 def conv2d_transpose(data: Tensor, weight: Tensor, stride: IntPair = 1, padding: IntPair = 0,
