@@ -5,8 +5,9 @@ tens of times slower than a tuned one. Now it runs one short search instead: the
 (the package's pretrained model, continued on the database's other workloads when it has
 some) ranks candidates that a small evolutionary search proposes, the few best are compiled
 and measured (correctness checked, as always) beside the default schedule, recorded, and the
-fastest is built. A few
-seconds in all; the records make the next build (and a later `tune`) start from them.
+fastest is built. Two rounds of a few programs each (the model is refitted on the first
+round's measurements before it picks the second), seconds in all; the records make the next
+build (and a later `tune`) start from them.
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ from ansor.task import Task
 from ansor.tuner import TUNE_DEFAULTS, shared_cost_model, tune
 
 #: Programs measured when a workload has no record (0: the plain default schedule instead).
-QUICK_TRIALS = 8
+QUICK_TRIALS = 16
+#: Programs per round of the quick search: the model is refitted on each round's measurements
+#: before it picks the next, which is worth more than ranking all of them at once with the
+#: model that has seen none of this workload (BENCHMARKS.md).
+QUICK_ROUND = 8
 #: A smaller evolutionary search than tuning's (2048 x 4): the model is all that guides it here,
 #: and the point is to answer in seconds.
 QUICK_SEARCH = SearchParams(evolutionary_search_population=512, evolutionary_search_num_iters=2,
@@ -48,7 +53,8 @@ def quick_search(task: Task, database: Database | str | None = None, trials: int
         model = shared_cost_model([task], db, seed, TUNE_DEFAULTS["transfer_programs"], pretrained)
         policy = SketchPolicy(task, seed, params=QUICK_SEARCH, cost_model=model)
         # the default schedule is one of the candidates: the quick build is never slower than it
-        tune(task, trials=trials, database=db, policy=policy, measures_per_round=trials,
+        tune(task, trials=trials, database=db, policy=policy,
+             measures_per_round=min(trials, QUICK_ROUND),
              progress=progress, confirm_best=0, first_programs=[default_schedule(task)])
     finally:
         if owned:

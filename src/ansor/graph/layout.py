@@ -2,10 +2,10 @@
 
 Models arrive from PyTorch and ONNX in NCHW, where a vector of neighbouring values is a run
 along the image width. That suits a stride-1 convolution, but a strided or depthwise one then
-needs strided loads or gathers: tuned, a stride-2 depthwise 3x3 layer of MobileNet-V2 reached
-13 GFLOP/s in NCHW and 79 GFLOP/s in NHWC, where a vector is a run of channels and loads
-contiguously whatever the stride (BENCHMARKS.md). Channels-last is also the layout in which a
-1x1 convolution is a plain matrix product over pixels.
+needs strided loads or gathers. In NHWC a vector is a run of channels and loads contiguously
+whatever the stride, and a 1x1 convolution is a plain matrix product over pixels; tuned with
+the same budget, the convolutions of ResNet and MobileNet run several times faster in NHWC
+(BENCHMARKS.md).
 
 The pass turns every convolution with constant weights into its NHWC form (weights transposed
 once, OIHW -> HWIO) between two transposes, and then sinks each transpose back to NCHW down
