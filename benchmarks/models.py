@@ -7,7 +7,8 @@ Each model (random weights from a `transformers` config) is imported with `from_
 with the task scheduler when `--trials-per-task` > 0 (a rerun on the same database resumes),
 built with the database's records, checked against PyTorch eager (max error relative to the
 output's RMS), and timed in turns with the other runtimes in the same process (several rounds,
-medians and spreads). onnxruntime gets a session with as many intra-op threads as cores.
+medians and spreads; each turn after a pause of half a second, so no runtime pays for the
+thread pool of the one before). onnxruntime gets a session with as many intra-op threads as cores.
 `--profile` prints each subgraph's time, the table to read when a model misses its bar.
 `--curve FILE.json` appends the tuning curve (estimated model latency after each round).
 """
@@ -203,7 +204,7 @@ def bench(name: str, args) -> dict:
     ort = onnxruntime_session(module, inputs)
     if ort is not None:
         fns["onnxruntime"] = ort
-    timings = {name: (t.median, t.spread) for name, t in time_in_turns(fns, args.rounds, min_repeat_s=0.3).items()}
+    timings = {name: (t.median, t.spread) for name, t in time_in_turns(fns, args.rounds, min_repeat_s=0.3, pause_s=0.5).items()}
     base = timings["ansor"][0]
     print(f"{name}: ansor max error {err:.1e} of the output RMS; timed in turns, {args.rounds} rounds "
           f"(ratio = other / ansor, above 1: ansor faster)")

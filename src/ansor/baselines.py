@@ -54,15 +54,23 @@ def _calls_per_repeat(fn: Callable[[], object], min_repeat_s: float) -> int:
 
 
 def time_in_turns(fns: dict[str, Callable[[], object]], rounds: int = 7,
-                  min_repeat_s: float = 0.05) -> dict[str, Timing]:
+                  min_repeat_s: float = 0.05, pause_s: float = 0.0) -> dict[str, Timing]:
     """Median seconds per call of each callable, timed in turns: every round times each one
     once, so a quiet or a busy moment of the machine falls on all of them alike. Use it for
-    any verdict of one implementation against another."""
+    any verdict of one implementation against another.
+
+    Each round starts with a different callable, and each turn first sleeps `pause_s`: a
+    runtime's thread pool goes on spinning (or its memory traffic settles) for a while after its
+    work, and on few cores the turn that follows pays for it (a whole model timed right after
+    onnxruntime ran about 10% slower than after a pause of half a second)."""
     numbers = {name: _calls_per_repeat(fn, min_repeat_s) for name, fn in fns.items()}
     costs: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            number = numbers[name]
+    names = list(fns)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn, number = fns[name], numbers[name]
+            if pause_s > 0:
+                time.sleep(pause_s)
             t0 = time.perf_counter()
             for _ in range(number):
                 fn()
