@@ -203,3 +203,19 @@ def test_a_multi_task_job_runs_under_the_gradient_scheduler(tmp_path):
             assert res.best_cost < math.inf
     with pytest.raises(ValueError, match="task_weights"):
         ansor.tune([t1, t2], trials=0, database=db_path, progress=False, task_weights=[1.0])
+
+
+def test_a_resumed_job_warms_up_only_the_tasks_without_records(tmp_path):
+    """Rerun on the same database with a new task: the tasks tuned before count their rounds
+    and are not warmed up again; the new one is warmed up first."""
+    t1, t2, t3 = matmul_task(16, 16, 8), matmul_task(8, 24, 8), matmul_task(8, 8, 16)
+    db_path = str(tmp_path / "g.db")
+    ansor.tune([t1, t2], trials=8, measures_per_round=2, scheduler="gradient", progress=False,
+               database=db_path, seed=0, confirm_best=0)
+    log = Rounds()
+    ansor.tune([t1, t2, t3], trials=4, measures_per_round=2, scheduler="gradient", progress=False,
+               database=db_path, seed=0, confirm_best=0, callbacks=[log])
+    assert log.seen[0][0] == t3.workload_key and log.seen[0][2] == 1  # the only warm-up round
+    earlier = [rounds for wk, _, rounds, _ in log.seen if wk != t3.workload_key]
+    assert all(r >= 3 for r in earlier)  # >= 2 earlier rounds (4+ records / 2 per round) + this one
+    assert all(rounds == history for _, _, rounds, history in log.seen)

@@ -77,7 +77,7 @@ class TuneProgress(TuningCallback):
         if self.enabled and not self.live:
             res = tuner.result
             errors = f", {error_summary(res.error_counts, self.timeout)}" if res.errors else ""
-            self._console.print(f"{task_label(tuner.task)}: round {tuner.rounds}, {res.trials} program{'s' if res.trials != 1 else ''} measured, "
+            self._console.print(f"{task_label(tuner.task)}: round {tuner.job_rounds}, {res.trials} program{'s' if res.trials != 1 else ''} measured, "
                                 f"best {best_text(res)}{errors} ({time.time() - self._started:.0f} s)",
                                 markup=False, highlight=False, soft_wrap=True)
 

@@ -65,7 +65,8 @@ class TaskTuner:
         self._weight = float(weight)
         self.measured_keys: set[str] = set(measured_keys or ())
         self._exhausted = False
-        self.rounds = 0
+        self.job_rounds = 0      # rounds of this job
+        self.earlier_rounds = 0  # rounds of earlier jobs on the same database (count_earlier_rounds)
         self._cost_history: list[float] = []
         self._candidates: list[State] = []  # measured before the policy's proposals
 
@@ -91,10 +92,24 @@ class TaskTuner:
         return self.task.flop
 
     @property
+    def rounds(self) -> int:
+        """Rounds the task has had, earlier jobs' included."""
+        return self.earlier_rounds + self.job_rounds
+
+    @property
     def cost_history(self) -> Sequence[float]:
-        """The best cost after each round of this job (what the gradient scheduler's backward
-        estimate reads)."""
+        """The best cost after each round (what the gradient scheduler's backward estimate
+        reads); earlier jobs' rounds first, flat at the best cost they left."""
         return tuple(self._cost_history)
+
+    def count_earlier_rounds(self, n: int) -> None:
+        """Count `n` rounds that earlier jobs spent on this task (a database being resumed), so
+        that a task tuned before needs no second warm-up round and the scheduler judges what a
+        further round can gain by all the rounds it has had. No-op without a working program."""
+        if n <= 0 or math.isinf(self.result.best_cost):
+            return
+        self.earlier_rounds = n
+        self._cost_history = [self.result.best_cost] * n + self._cost_history
 
     # --- the loop ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -152,7 +167,7 @@ class TaskTuner:
         res.measure_seconds += t2 - t1
         self.policy.update(batch)
         res.model_seconds += time.perf_counter() - t2
-        self.rounds += 1
+        self.job_rounds += 1
         self._cost_history.append(res.best_cost)
         for cb in self.callbacks:
             cb.on_round_end(self, batch)

@@ -312,7 +312,10 @@ def _target_keys(targets: Target | str | Sequence[Target | str], tasks: Sequence
 
 def _run(tuners: Sequence[TaskTuner], scheduler: TaskScheduler, trials: int, per_round: int,
          deadline: float | None) -> None:
-    """Rounds until `trials` programs are measured, the time is up or every space is exhausted."""
+    """Rounds until `trials` programs are measured, the time is up or every space is exhausted.
+    A task with records from earlier jobs counts their rounds (it needs no warm-up again)."""
+    for tuner in tuners:
+        tuner.count_earlier_rounds(math.ceil(tuner.result.prior_records / per_round))
     measured = 0
     while measured < trials and (deadline is None or time.time() < deadline):
         index = scheduler.next_task(tuners)
