@@ -32,6 +32,9 @@ import numpy as np
 
 from ansor.baselines import time_in_turns, torch_available
 
+#: Seconds of quiet before each turn when onnxruntime is compared.
+ORT_PAUSE_S = 0.5
+
 #: The baselines `compare_workload` and `compare_model` know, by the name `skip` takes.
 BASELINES = ("numpy", "torch", "torch.compile", "onnxruntime")
 #: The row of each baseline in the table.
@@ -185,7 +188,9 @@ def compare_calls(title: str, flop: float, ansor_call: Callable[[], Any], refere
             left_out.append(f"{name}: its output disagrees with the reference ({problem})")
             continue
         calls[name] = call
-    timings = time_in_turns(calls, rounds=rounds, min_repeat_s=min_repeat_s)
+    # onnxruntime's threads slow the turn after its own for a while (BENCHMARKS.md): pause first
+    pause = ORT_PAUSE_S if "onnxruntime" in calls else 0.0
+    timings = time_in_turns(calls, rounds=rounds, min_repeat_s=min_repeat_s, pause_s=pause)
     entries = [Entry(name, t.median, t.spread, notes.get(name, "")) for name, t in timings.items()]
     return Comparison(f"{title}; timed in turns ({rounds} rounds, medians)", flop, entries, left_out,
                       "every output checked against the reference before timing", rounds)
