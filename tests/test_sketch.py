@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
 
 import pytest
 
@@ -29,6 +30,8 @@ SMALL = {
     "softmax": ((6, 20), {}),
     "layer_norm": ((6, 20), {}),
     "layer_norm_gelu": ((6, 20), {}),
+    "max_pool2d": ((1, 8, 9, 9, 3), {"stride": 2, "padding": 1}),
+    "avg_pool2d": ((1, 8, 8, 8, 2), {}),
 }
 ANNOTATIONS_PER_SKETCH = 20
 
@@ -64,6 +67,34 @@ def test_norm2_gets_rfactor():
     h = histories("norm2")
     assert sum("add_rfactor(norm2_sum_sq" in x for x in h) == 2
     assert len(h) == 3
+
+
+def test_a_pooling_window_can_run_outside_the_channels(tmp_path):
+    """NHWC pooling: the window loops go outside the innermost (channel) axis, which is then
+    the vector loop; the sketch's programs compute what numpy computes (checked above for the
+    named pools, here for the channels-last form the graph pass makes)."""
+    from ansor.graph.ir import Graph
+    from ansor.graph.model_tasks import extract_tasks
+
+    g = Graph()
+    x = g.add_input("x", (1, 9, 9, 16), "float32")
+    g.outputs = [g.add_node("max_pool2d", [x], {"kernel": (3, 3), "stride": (2, 2),
+                                                "padding": (1, 1), "layout": "NHWC"})]
+    task = extract_tasks(g, simplify=False).tasks[0]
+    policy = SketchPolicy(task, seed=0)
+    sketch = next(s for s in policy.sketches if any("reduction_outside_innermost" in h for h in s.history))
+    rng = random.Random(5)
+    st = next(st for st in (annotate(sketch.steps, task.dag, rng, policy.params, 2)
+                            for _ in range(50)) if st is not None)
+    text = schedule_text(st)
+    channel_loop = re.search(r"\w+ c(\.\w+)? in range", text)
+    assert channel_loop and text.index("for ry") < channel_loop.start()  # channels inside the window
+    src, fname = generate_source(st, task.target, "kernel")
+    inputs = task.random_inputs(seed=0)
+    (build,) = Builder(cache_dir=tmp_path).build([src])
+    r = evaluate_kernel(build.lib_path, fname, inputs, task.reference_outputs(inputs),
+                        timing=_no_timing())
+    assert r.error_no == MeasureErrorNo.NO_ERROR, r.error_msg
 
 
 def test_sketch_counts_stay_small():

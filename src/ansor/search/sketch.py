@@ -354,6 +354,31 @@ def _tiled_variants(ctx, s: State, sid: int, split_ids: Sequence[int], inner: in
     return out
 
 
+#: A reduction at most this long in a stage without data reuse (a pooling window) may run
+#: outside the innermost output axis, so that axis (the channels, in NHWC) is the vector loop.
+SHORT_REDUCTION = 64
+
+
+def _reduce_outside_cond(ctx, state: State, sid: int) -> Cond:
+    st = state.stages[sid]
+    if (st.is_placeholder or not st.is_fresh or not has_reduce(state, sid)
+            or needs_multi_level_tiling(state, sid) or len(st.op.axes) < 2):
+        return Cond.SKIP
+    _, red = space_and_reduce_lengths(state, sid)
+    return Cond.APPLY if red <= SHORT_REDUCTION and st.op.axes[-1].extent >= 4 else Cond.SKIP
+
+
+def _reduce_outside(ctx, state: State, sid: int):
+    """The loop order spatial..., reduce..., innermost spatial: each step of the window updates
+    a vector of outputs instead of each output reducing its window alone."""
+    s = state.copy()
+    iters = s.stages[sid].iters
+    spatial = [i for i, it in enumerate(iters) if it.kind != "reduce"]
+    reduce = [i for i, it in enumerate(iters) if it.kind == "reduce"]
+    s.reorder(sid, spatial[:-1] + reduce + spatial[-1:])
+    return [(s, sid - 1, "reduction outside the innermost axis")]
+
+
 def _skip_cond(ctx, state: State, sid: int) -> Cond:
     return Cond.APPLY
 
@@ -368,6 +393,7 @@ CPU_RULES: tuple[SketchRule, ...] = (
     SketchRule("add_cache_write", _cache_write_cond, _cache_write),
     SketchRule("multi_level_tiling_with_fusion", _tile_fusion_cond, _tile_fusion),
     SketchRule("multi_level_tiling", _tile_cond, _tile),
+    SketchRule("reduction_outside_innermost", _reduce_outside_cond, _reduce_outside),
     SketchRule("skip_stage", _skip_cond, _skip),
 )
 
