@@ -51,7 +51,6 @@ def to_channels_last(graph: Graph) -> Graph:
         nhwc_source[back] = new
         g.replace_uses(node.output, back)
     g.sort()
-    g.remove_dead()
     _drop_inverse_permutes(g)
     _unit_permutes_as_reshapes(g)
     g.remove_dead()

@@ -232,6 +232,11 @@ def spatial_dims(layout: str) -> tuple[int, int]:
     return (1, 2) if layout == "NHWC" else (2, 3)
 
 
+def channel_dim(layout: str) -> int:
+    """The channel axis of a 4-d activation in `layout`."""
+    return 3 if layout == "NHWC" else 1
+
+
 def _in_layout(attrs, n: int, c: int, hw: Sequence[int]) -> Shape:
     return (n, *hw, c) if attrs["layout"] == "NHWC" else (n, c, *hw)
 
@@ -307,11 +312,8 @@ def _max_pool2d(types, attrs):
     hw = tuple(_pool_out(x.shape[spatial[i]], attrs["kernel"][i], attrs["stride"][i],
                          attrs["padding"][i], attrs["dilation"][i], attrs["ceil_mode"])
                for i in range(2))
-    return TensorType(_in_layout(attrs, x.shape[0], x.shape[_channel(attrs)], hw), x.dtype)
-
-
-def _channel(attrs) -> int:
-    return 3 if attrs["layout"] == "NHWC" else 1
+    return TensorType(_in_layout(attrs, x.shape[0], x.shape[channel_dim(attrs["layout"])], hw),
+                      x.dtype)
 
 
 @_register("avg_pool2d", 1, {"kernel": (1, 1), "stride": (1, 1), "padding": (0, 0),
@@ -324,7 +326,8 @@ def _avg_pool2d(types, attrs):
     spatial = spatial_dims(attrs["layout"])
     hw = tuple(_pool_out(x.shape[spatial[i]], attrs["kernel"][i], attrs["stride"][i],
                          attrs["padding"][i], 1, attrs["ceil_mode"]) for i in range(2))
-    return TensorType(_in_layout(attrs, x.shape[0], x.shape[_channel(attrs)], hw), x.dtype)
+    return TensorType(_in_layout(attrs, x.shape[0], x.shape[channel_dim(attrs["layout"])], hw),
+                      x.dtype)
 
 
 @_register("adaptive_avg_pool2d", 1, {"output_size": (1, 1), "layout": "NCHW"})
@@ -332,7 +335,7 @@ def _adaptive_avg_pool2d(types, attrs):
     x = types[0]
     _check(len(x.shape) == 4, "adaptive_avg_pool2d: needs a 4-d input")
     _layout(attrs, "adaptive_avg_pool2d")
-    return TensorType(_in_layout(attrs, x.shape[0], x.shape[_channel(attrs)],
+    return TensorType(_in_layout(attrs, x.shape[0], x.shape[channel_dim(attrs["layout"])],
                                  tuple(attrs["output_size"])), x.dtype)
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from ansor import te
 from ansor.graph.ir import Node
-from ansor.graph.ops import TensorType
+from ansor.graph.ops import TensorType, channel_dim, spatial_dims
 from ansor.graph.partition import SCALAR_ELEMENTS, Subgraph, canonical_names
 from ansor.target import Target
 from ansor.task import Task
@@ -236,18 +236,17 @@ def _conv2d(args: list[Value], node: Node, out: TensorType, name: str) -> Tensor
     data, weight = _tensor(args[0], node, "input"), _tensor(args[1], node, "weight")
     a = node.attrs
     layout, groups = a["layout"], a["groups"]
-    channels = data.shape[3 if layout == "NHWC" else 1]
-    filter_inputs = weight.shape[2 if layout == "NHWC" else 1]
-    if groups > 1 and groups == channels and filter_inputs == 1:
+    c_axis = channel_dim(layout)
+    filter_inputs = weight.shape[2 if layout == "NHWC" else 1]  # the I of HWIO or OIHW
+    if groups > 1 and groups == data.shape[c_axis] and filter_inputs == 1:
         y = te.ops.depthwise_conv2d(data, weight, a["stride"], tuple(a["padding"]),
                                     a["dilation"], layout=layout, name=name)
     else:
         y = te.ops.conv2d(data, weight, a["stride"], tuple(a["padding"]), a["dilation"],
                           groups=groups, layout=layout, name=name)
     if len(args) == 3:
-        bias, conv = args[2], y
-        c_axis = 3 if layout == "NHWC" else 1
-        y = te.compute(out.shape, lambda *i: conv[i] + _read(bias, (i[c_axis],), (out.shape[c_axis],)),
+        bias, conv, channels = args[2], y, (out.shape[c_axis],)
+        y = te.compute(out.shape, lambda *i: conv[i] + _read(bias, (i[c_axis],), channels),
                        name=f"{name}_bias", tag="elemwise")
     return y
 
@@ -454,9 +453,10 @@ class _Layout:
 
     def __init__(self, layout: str):
         self.nhwc = layout == "NHWC"
+        self.spatial = spatial_dims(layout)
 
     def hw(self, shape: Sequence[int]) -> tuple[int, int]:
-        return (shape[1], shape[2]) if self.nhwc else (shape[2], shape[3])
+        return shape[self.spatial[0]], shape[self.spatial[1]]
 
     def at(self, n, c, y, x) -> tuple:
         """An index tuple in this layout from its named parts."""

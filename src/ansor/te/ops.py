@@ -306,6 +306,28 @@ def pad(X: Tensor, pad_before: Sequence[int], pad_after: Sequence[int] | None = 
     return compute(shape, body, name=name, tag="pad")
 
 
+#: By activation layout: the channel, height and width axes of the data, and the output-channel,
+#: input-channel, kernel-height and kernel-width axes of the weight (OIHW or HWIO).
+_LAYOUT_AXES = {"NCHW": ((1, 2, 3), (0, 1, 2, 3)), "NHWC": ((3, 1, 2), (3, 2, 0, 1))}
+
+
+def _layout_axes(op: str, layout: str) -> tuple[tuple[int, int, int], tuple[int, int, int, int]]:
+    if layout not in _LAYOUT_AXES:
+        raise ValueError(f"{op}: layout must be 'NCHW' or 'NHWC', got {layout!r}")
+    return _LAYOUT_AXES[layout]
+
+
+def _pad_spatial(data: Tensor, layout: str, padding4: tuple[int, int, int, int],
+                 name: str) -> Tensor:
+    """`data` zero-padded on its height and width axes (itself when the padding is zero)."""
+    pt, pl, pb, pr = padding4
+    if not (pt or pl or pb or pr):
+        return data
+    if layout == "NCHW":
+        return pad(data, (0, 0, pt, pl), (0, 0, pb, pr), 0.0, name=name)
+    return pad(data, (0, pt, pl, 0), (0, pb, pr, 0), 0.0, name=name)
+
+
 def conv2d(data: Tensor, weight: Tensor, stride: IntPair = 1, padding=0, dilation: IntPair = 1,
            groups: int = 1, layout: str = "NCHW", name: str = "conv2d") -> Tensor:
     """2-D convolution (cross-correlation, as in deep-learning frameworks).
@@ -318,8 +340,7 @@ def conv2d(data: Tensor, weight: Tensor, stride: IntPair = 1, padding=0, dilatio
     _check_tensor(op, "data", data, 4)
     _check_tensor(op, "weight", weight, 4)
     _check_same_dtype(op, data, weight)
-    if layout not in ("NCHW", "NHWC"):
-        raise ValueError(f"{op}: layout must be 'NCHW' or 'NHWC', got {layout!r}")
+    (c_dim, h_dim, w_dim), (o_dim, i_dim, kh_dim, kw_dim) = _layout_axes(op, layout)
     sh, sw = _ints(op, "stride", stride, 2, 1)
     dh, dw = _ints(op, "dilation", dilation, 2, 1)
     pt, pl, pb, pr = _padding4(op, padding)
@@ -328,9 +349,6 @@ def conv2d(data: Tensor, weight: Tensor, stride: IntPair = 1, padding=0, dilatio
         raise ValueError(f"{op}: groups must be a positive integer, got {groups!r}")
     groups = groups_int
 
-    nchw = layout == "NCHW"
-    c_dim, h_dim, w_dim = (1, 2, 3) if nchw else (3, 1, 2)
-    o_dim, i_dim, kh_dim, kw_dim = (0, 1, 2, 3) if nchw else (3, 2, 0, 1)
     batch, c, h, w = data.shape[0], data.shape[c_dim], data.shape[h_dim], data.shape[w_dim]
     co, kh, kw = weight.shape[o_dim], weight.shape[kh_dim], weight.shape[kw_dim]
     if c % groups:
@@ -345,11 +363,7 @@ def conv2d(data: Tensor, weight: Tensor, stride: IntPair = 1, padding=0, dilatio
     oh = _out_extent(op, data, h_dim, h, pt + pb, dh * (kh - 1) + 1, sh)
     ow = _out_extent(op, data, w_dim, w, pl + pr, dw * (kw - 1) + 1, sw)
 
-    padded = data
-    if pt or pl or pb or pr:
-        before = (0, 0, pt, pl) if nchw else (0, pt, pl, 0)
-        after = (0, 0, pb, pr) if nchw else (0, pb, pr, 0)
-        padded = pad(data, before, after, 0.0, name=f"{name}_pad")
+    padded = _pad_spatial(data, layout, (pt, pl, pb, pr), f"{name}_pad")
 
     rc = reduce_axis(cpg, "rc")
     ry = reduce_axis(kh, "ry")
@@ -358,7 +372,7 @@ def conv2d(data: Tensor, weight: Tensor, stride: IntPair = 1, padding=0, dilatio
     def channel(ff):
         return rc if groups == 1 else (ff // opg) * cpg + rc
 
-    if nchw:
+    if layout == "NCHW":
         def body(nn, ff, yy, xx):
             return E.sum(padded[nn, channel(ff), yy * sh + ry * dh, xx * sw + rx * dw]
                          * weight[ff, rc, ry, rx], axis=[rc, ry, rx])
@@ -379,21 +393,18 @@ def depthwise_conv2d(data: Tensor, weight: Tensor, stride: IntPair = 1, padding=
     channel f // multiplier.
 
     NCHW data takes weight (c * multiplier, 1, kh, kw); NHWC data takes weight
-    (kh, kw, 1, c * multiplier) (conv2d's HWIO with one input channel per filter). NHWC puts the channels innermost, where a vector of them
-    loads contiguously whatever the stride: the layout that makes strided depthwise layers fast.
+    (kh, kw, 1, c * multiplier), conv2d's HWIO with one input channel per filter. NHWC puts the
+    channels innermost, where a vector of them loads contiguously whatever the stride: the
+    layout that makes strided depthwise layers fast.
     """
     op = "depthwise_conv2d"
     _check_tensor(op, "data", data, 4)
     _check_tensor(op, "weight", weight, 4)
     _check_same_dtype(op, data, weight)
-    if layout not in ("NCHW", "NHWC"):
-        raise ValueError(f"{op}: layout must be 'NCHW' or 'NHWC', got {layout!r}")
-    nchw = layout == "NCHW"
+    (c_dim, h_dim, w_dim), (o_dim, one_dim, kh_dim, kw_dim) = _layout_axes(op, layout)
     sh, sw = _ints(op, "stride", stride, 2, 1)
     dh, dw = _ints(op, "dilation", dilation, 2, 1)
     pt, pl, pb, pr = _padding4(op, padding)
-    c_dim, h_dim, w_dim = (1, 2, 3) if nchw else (3, 1, 2)
-    o_dim, one_dim, kh_dim, kw_dim = (0, 1, 2, 3) if nchw else (3, 2, 0, 1)
     batch, c, h, w = data.shape[0], data.shape[c_dim], data.shape[h_dim], data.shape[w_dim]
     co, kh, kw = weight.shape[o_dim], weight.shape[kh_dim], weight.shape[kw_dim]
     if co % c:
@@ -404,15 +415,11 @@ def depthwise_conv2d(data: Tensor, weight: Tensor, stride: IntPair = 1, padding=
     mult = co // c
     oh = _out_extent(op, data, h_dim, h, pt + pb, dh * (kh - 1) + 1, sh)
     ow = _out_extent(op, data, w_dim, w, pl + pr, dw * (kw - 1) + 1, sw)
-    padded = data
-    if pt or pl or pb or pr:
-        before = (0, 0, pt, pl) if nchw else (0, pt, pl, 0)
-        after = (0, 0, pb, pr) if nchw else (0, pb, pr, 0)
-        padded = pad(data, before, after, 0.0, name=f"{name}_pad")
+    padded = _pad_spatial(data, layout, (pt, pl, pb, pr), f"{name}_pad")
     ry = reduce_axis(kh, "ry")
     rx = reduce_axis(kw, "rx")
 
-    if nchw:
+    if layout == "NCHW":
         def body(nn, ff, yy, xx):
             cin = ff if mult == 1 else ff // mult
             return E.sum(padded[nn, cin, yy * sh + ry * dh, xx * sw + rx * dw]
