@@ -103,8 +103,9 @@ def export_onnx(module, inputs) -> str:
     return path
 
 
-def onnxruntime_profile(path: str, inputs, runs: int = 20) -> list[tuple[str, float]]:
-    """(ONNX op type, median seconds) of every node onnxruntime ran, in its execution order."""
+def onnxruntime_profile(path: str, inputs, runs: int = 20) -> list[tuple[str, tuple[int, int], float]]:
+    """(ONNX op type, (output elements, weight elements), median seconds) of every node
+    onnxruntime ran, in its execution order."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
@@ -118,26 +119,52 @@ def onnxruntime_profile(path: str, inputs, runs: int = 20) -> list[tuple[str, fl
     with open(session.end_profiling()) as f:
         events = json.load(f)
     durations: dict[str, list[float]] = {}
-    op_of: dict[str, str] = {}
+    about: dict[str, tuple[str, tuple[int, int]]] = {}
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
             name = e["name"][: -len("_kernel_time")]
             durations.setdefault(name, []).append(e["dur"] * 1e-6)
-            op_of[name] = e["args"].get("op_name", "?")
-    return [(op_of[n], statistics.median(d)) for n, d in durations.items()]
+            about[name] = (e["args"].get("op_name", "?"), _signature(e["args"]))
+    return [(*about[n], statistics.median(d)) for n, d in durations.items()]
 
 
-def per_layer_table(steps, ort_nodes) -> None:
-    """Convolution and matmul-like subgraphs beside onnxruntime's nodes of the same kind, paired
-    in execution order (both run the model's layers in its order); then the rest in totals."""
+def _signature(args: dict) -> tuple[int, int]:
+    """(output elements, elements of the second input: the weights of a Conv or Gemm)."""
+    def numel(entry) -> int:
+        shape = next(iter(entry.values())) if isinstance(entry, dict) and entry else []
+        return math.prod(shape)
+
+    outs, ins = args.get("output_type_shape") or [{}], args.get("input_type_shape") or []
+    return numel(outs[0]), numel(ins[1]) if len(ins) > 1 else 0
+
+
+def step_signature(step) -> tuple[int, int]:
+    """Our step's (output elements, elements of its largest constant), to pair with onnxruntime's."""
+    graph = step.piece.subgraph.graph
+    out = math.prod(graph.types[step.piece.subgraph.outputs[0]].shape)
+    return out, max((c.size for c in step.constants), default=0)
+
+
+def per_layer_table(steps, signatures, ort_nodes) -> None:
+    """Convolution and matmul-like subgraphs beside the onnxruntime node of the same output and
+    weight sizes (the first unpaired one in execution order); then the rest in totals."""
     heavy = {"Conv", "FusedConv", "Gemm", "MatMul", "FusedMatMul"}
-    ours = [(label, t) for label, kind, t in steps if label.split("_")[0] in ("conv2d", "linear", "matmul")]
-    theirs = [(op, t) for op, t in ort_nodes if op in heavy]
-    print("  per layer, ansor vs onnxruntime (paired in order; ratio above 1: ansor slower):")
-    for (label, t), (op, u) in zip(ours, theirs):
+    theirs = [(op, sig, t) for op, sig, t in ort_nodes if op in heavy]
+    used: set[int] = set()
+    paired_ours = paired_theirs = 0.0
+    print("  per layer, ansor vs onnxruntime (paired by output and weight sizes; ratio above 1: ansor slower):")
+    for (label, kind, t), sig in zip(steps, signatures):
+        match = next((i for i, (_, s, _) in enumerate(theirs) if i not in used and s == sig and sig[1] > 0), None)
+        if match is None:
+            continue
+        used.add(match)
+        op, _, u = theirs[match]
+        paired_ours += t
+        paired_theirs += u
         print(f"    {t * 1e3:8.3f} ms  {u * 1e3:8.3f} ms  {t / u:5.2f}  {label} | {op}")
-    rest_ours = sum(t for label, kind, t in steps) - sum(t for _, t in ours)
-    rest_theirs = sum(t for op, t in ort_nodes if op not in heavy)
+    print(f"    paired: ansor {paired_ours * 1e3:.3f} ms, onnxruntime {paired_theirs * 1e3:.3f} ms")
+    rest_ours = sum(t for _, _, t in steps) - paired_ours
+    rest_theirs = sum(t for _, _, t in ort_nodes) - paired_theirs
     print(f"    the rest: ansor {rest_ours * 1e3:.3f} ms, onnxruntime {rest_theirs * 1e3:.3f} ms")
 
 
@@ -219,7 +246,8 @@ def bench(name: str, args) -> dict:
         for label, kind, seconds in steps:
             print(f"    {seconds * 1e3:8.3f} ms  {kind:8s} {label}")
         if ort is not None:
-            per_layer_table(steps, onnxruntime_profile(export_onnx(module, inputs), inputs))
+            per_layer_table(steps, [step_signature(s) for s in compiled.steps],
+                            onnxruntime_profile(export_onnx(module, inputs), inputs))
     row = {"model": name, "error": err, "timings_ms": {k: v[0] * 1e3 for k, v in timings.items()},
            "spreads": {k: v[1] for k, v in timings.items()}, "tasks": len(tasks.tasks), "steps_ms": kernels_ms,
            "tuned": sum(1 for k in compiled.kernels.values() if k.record is not None)}

@@ -807,6 +807,28 @@ def test_reduction_loops_between_the_tile_rows_are_unrolled_in_the_tile(builder)
     assert_close(run_state(task, s, builder, inputs), a @ b)
 
 
+def test_a_row_loop_between_reduction_loops_tiles_each_block_of_rows(builder):
+    """SSRSRS tiling with a middle spatial level: k.0, then rows i.0, then k.1, then rows i.1
+    and the vector. The loops down to i.0 stay outside the tile; each of their iterations
+    loads the block of rows i.0 updates into variables, runs k.1 over it and stores it back
+    (so a B vector loaded in k.1 is reused across i.0 from the L1 cache)."""
+    from ansor.backend.cpu import generate_c
+
+    task, s = register_tile_state(8, 16)
+    s.split("matmul.local", "k", [4])
+    s.split("matmul.local", "i", [2])
+    s.reorder("matmul.local", ["k.0", "i.0", "k.1", "i.1", "j"])
+    source, _ = generate_c(lower(s, "mm"), 32, 16)
+    assert "/* register tile: matmul_local in 4 ansor_f32x8 variables" in source  # 2 rows x 2 vectors
+    tile = source[source.index("/* register tile"):]
+    loads = tile[:tile.index("for (int32_t k_1")]
+    assert re.search(r"\*\(ansor_f32x8\*\)&matmul_local\[\(i_0\w* \* 32\) \+ 16\]", loads)  # the block of this i.0
+    assert "matmul_local[" not in tile[tile.index("for (int32_t k_1"):].split("*(ansor_f32x8*)&matmul_local")[0]
+    inputs = random_inputs(task)
+    a, b = (x.astype(np.float64) for x in inputs)
+    assert_close(run_state(task, s, builder, inputs), a @ b)
+
+
 def test_auto_unroll_stops_before_it_copies_a_vector_loop_too_often(builder):
     """auto_unroll_max_step 512 marks k.1 (8) and the rows (8) around an 8-lane vector loop;
     unrolling both would make 64 copies of the `omp simd` loop, which gcc vectorizes one by

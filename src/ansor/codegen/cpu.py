@@ -111,13 +111,21 @@ class CPrinter(CLikePrinter):
         loops = tile.loops()
         vt = self.use(f"ansor_f32x{tile.lanes}")
         acc = self.names(tile.buffer, tile.buffer.name)
-        slots = tile.buffer.size // tile.lanes
+        slots = len(tile.offsets)
         regs = [self.names.fresh(f"{acc}_r{s}") for s in range(slots)]
-        self.emit(f"/* register tile: {acc} in {slots} {vt} variables across the reduction */", depth)
-        self.emit("{", depth)
-        d = depth + 1
-        self.emit(f"{vt} " + ", ".join(f"{r} = *({vt}*)&{acc}[{s * tile.lanes}]" for s, r in enumerate(regs)) + ";", d)
-        for f in loops[:tile.kept]:
+        d = depth
+        for f in loops[:tile.outer]:
+            var = self.names(f.var, f.var.name)
+            self.ranges[id(f.var)] = (0, f.extent - 1)
+            self.emit(f"for ({self.INDEX_TYPE} {var} = 0; {var} < {f.extent}; ++{var}) {{", d)
+            d += 1
+        base = "" if tile.base is None or (isinstance(tile.base, E.Const) and tile.base.value == 0) \
+            else f"{self.expr(tile.base)} + "
+        self.emit(f"/* register tile: {acc} in {slots} {vt} variables across the reduction */", d)
+        self.emit("{", d)
+        d += 1
+        self.emit(f"{vt} " + ", ".join(f"{r} = *({vt}*)&{acc}[{base}{o}]" for o, r in zip(tile.offsets, regs)) + ";", d)
+        for f in loops[tile.outer:tile.kept]:
             var = self.names(f.var, f.var.name)
             self.ranges[id(f.var)] = (0, f.extent - 1)
             if f.kind == "unrolled" or f.unroll_hint:
@@ -130,12 +138,14 @@ class CPrinter(CLikePrinter):
         for slot, value, start in tile.updates:
             rhs = self._vector_text(tile, vector_loop.var, value, E.Const(start, "int32"), loaded, d)
             self.emit(f"{regs[slot]} = {regs[slot]} + {rhs};", d)
-        for _ in range(tile.kept):
+        for _ in range(tile.kept - tile.outer):
             d -= 1
             self.emit("}", d)
-        for s, r in enumerate(regs):
-            self.emit(f"*({vt}*)&{acc}[{s * tile.lanes}] = {r};", d)
-        self.emit("}", depth)
+        for o, r in zip(tile.offsets, regs):
+            self.emit(f"*({vt}*)&{acc}[{base}{o}] = {r};", d)
+        for _ in range(tile.outer + 1):
+            d -= 1
+            self.emit("}", d)
 
     def _vector_text(self, tile: ir.RegisterTile, vec_var: E.Var, expr: E.Expr, chunk_start: E.Const,
                      loaded: dict[str, str], depth: int) -> str:

@@ -124,7 +124,9 @@ class RegisterTile(Stmt):
     `kept` loops stay loops; the loops inside them, the vectorized one included, are unrolled
     into `updates`, one vector statement per (accumulator vector, value added, first lane of
     the vector loop); `pinned` names the operand vectors worth pinning to a register (by
-    `lower.register_tile.load_key`).
+    `lower.register_tile.load_key`). With `outer` > 0 the first `outer` loops (which may
+    index the accumulator) run outside the tile, and the tile is the accumulator's vectors at
+    elements `base + offsets[slot]`, loaded and stored once per outer iteration.
     """
 
     buffer: Buffer
@@ -133,6 +135,9 @@ class RegisterTile(Stmt):
     kept: int
     updates: tuple[tuple[int, E.Expr, int], ...]
     pinned: frozenset
+    outer: int = 0  # leading loops (of the first `kept`) outside the load and store of the block
+    base: E.Expr | None = None  # element offset of the block in `buffer` (in the outer loops' variables)
+    offsets: tuple[int, ...] = ()  # element offset from `base` of each accumulator vector (slot)
 
     def loops(self) -> list[For]:
         """The loops of `nest`, outermost first."""

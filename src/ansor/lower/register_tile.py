@@ -15,6 +15,13 @@ variables across the `k` loops; the loops that index the accumulator are unrolle
 statement per (point, vector chunk); each contiguous operand is loaded once per `k` iteration,
 and one that feeds several statements is pinned to a register. Anything else (guards,
 non-contiguous operands, a tile larger than the registers) keeps the plain loops.
+
+Loops that index the accumulator may also sit between reduction loops (Ansor's SSRSRS tiling
+with a middle spatial level: `for k0: for x: for k1: for i: vectorize v`). The loops down to
+the last such one stay outside the tile (`outer`): each of their iterations loads the block of
+the accumulator that the loops below update into registers, runs them, and stores it back. A
+weight vector loaded in `k1` is then reused across `x` from the L1 cache while the tile stays
+in registers, which is what keeps a convolution whose weights stream from memory busy.
 """
 
 from __future__ import annotations
@@ -127,26 +134,50 @@ def plan_register_tile(loop: ir.For, buf: ir.Buffer, vector_bytes: int, register
         return None
     index = buf.flat_index(store.indices)
     index_vars = {id(v) for v in E.free_vars(index)}
-    split = next(p for p, f in enumerate(nest) if id(f.var) in index_vars or f is vec)
-    kept, inner = nest[:split], nest[split:-1]
+    indexes = [id(f.var) in index_vars for f in nest[:-1]]
+    # the whole accumulator in registers across the whole nest (loops between its rows
+    # unrolled) where that fits; else the loops down to the last one that indexes the
+    # accumulator above one that does not stay outside, and the tile is the block they select
+    outer = max((p + 1 for p in range(len(indexes)) if indexes[p] and not all(indexes[p:])), default=0)
+    for kept_outside in dict.fromkeys((0, outer)):
+        tile = _plan(loop, nest, store, buf, index, indexes, kept_outside, lanes, registers, ranges)
+        if tile is not None:
+            return tile
+    return None
+
+
+def _plan(loop: ir.For, nest: list[ir.For], store: ir.Store, buf: ir.Buffer, index: E.Expr,
+          indexes: list[bool], outer: int, lanes: int, registers: int, ranges: dict) -> ir.RegisterTile | None:
+    """`plan_register_tile` with the first `outer` loops of the nest outside the tile."""
+    vec = nest[-1]
+    value = store.value
+    added = value.b
+    split = next(p for p in range(outer, len(nest)) if p == len(nest) - 1 or indexes[p])
+    kept, inner = nest[outer:split], nest[split:-1]
     count = 1
     for f in inner:
         count *= f.extent
     chunks = vec.extent // lanes
     if count * chunks > MAX_VECTOR_STATEMENTS:
         return None
-    accumulators = buf.size // lanes  # vector variables the tile declares, live across the nest
+    # vector variables the tile declares, live across the kept loops
+    accumulators = buf.size // lanes if not outer else count * chunks
     if accumulators + 1 > registers:
         return None
     difference = to_linear(simplify(buf.flat_index(value.a.indices) - index, ranges))
     if difference.terms or difference.const:
         return None  # reads another element than it writes
     scope = dict(ranges)
-    for f in kept:
+    for f in nest[:split]:
         scope[id(f.var)] = (0, f.extent - 1)
     scope[id(vec.var)] = (0, vec.extent - 1)
     simplifier = Simplifier(scope)  # the points share most of their subexpressions
+    base = simplifier.simplify(E.substitute(index, {f.var: E.Const(0, "int32") for f in [*inner, vec]}))
+    base_form = to_linear(base)
+    if base_form.const % lanes or any(c % lanes for _, c in base_form.terms.values()):
+        return None  # the block must start on a vector boundary for every outer iteration
     updates: list[tuple[int, E.Expr, int]] = []
+    slot_of: dict[int, int] = {}  # with outer loops: the block's vectors by element offset from `base`
     uses: Counter = Counter()  # statements per chunk that read each contiguous operand
     for values in itertools.product(*(range(f.extent) for f in inner)):
         binding = {f.var: E.Const(v, "int32") for f, v in zip(inner, values)}
@@ -157,16 +188,19 @@ def plan_register_tile(loop: ir.For, buf: ir.Buffer, vector_bytes: int, register
             return None
         uses.update({load_key(ld, offsets[id(ld)]) for ld in loads if index_coefficient(offsets[id(ld)], vec.var) == 1})
         for c in range(chunks):
-            at = simplifier.simplify(E.substitute(index, {**binding, vec.var: E.Const(c * lanes, "int32")}))
-            if not isinstance(at, E.Const) or at.value % lanes:
-                return None  # the accumulator element must be a fixed, aligned vector
-            updates.append((at.value // lanes, point_value, c * lanes))
+            at = to_linear(simplifier.simplify(E.substitute(index, {**binding, vec.var: E.Const(c * lanes, "int32")}))
+                           - base)
+            if at.terms or at.const % lanes or not (outer or 0 <= at.const < accumulators * lanes):
+                return None  # the accumulator element must be a fixed, aligned vector of the block
+            slot = slot_of.setdefault(at.const, len(slot_of)) if outer else at.const // lanes
+            updates.append((slot, point_value, c * lanes))
         if accumulators + len(uses) * chunks + 1 > registers:
             return None  # the operands only grow: it will not fit
     # a pin pays where a vector feeds several FMAs; pinning many vectors that feed one or two
     # made gcc spill accumulators inside nested reduction loops instead
     pinned = frozenset(key for key, n in uses.items() if n >= MIN_USES_TO_PIN)
-    return ir.RegisterTile(buf, loop, lanes, len(kept), tuple(updates), pinned)
+    offsets = tuple(slot_of) if outer else tuple(range(0, accumulators * lanes, lanes))
+    return ir.RegisterTile(buf, loop, lanes, split, tuple(updates), pinned, outer, base, offsets)
 
 
 class _RegisterTiles(StmtRewriter):
