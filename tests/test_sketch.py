@@ -102,6 +102,23 @@ def test_sketch_counts_stay_small():
         assert 1 <= len(histories(name)) <= 10, name
 
 
+def test_a_chain_of_many_tiled_stages_still_gets_sketches():
+    """Five chained matrix products: every stage has several tiled variants, so the partial
+    sketches multiply past the cap long before any is complete. The derivation goes on with
+    a spread-out share of them instead of stopping with none."""
+    from ansor import te
+
+    x = te.placeholder((16, 16), name="x")
+    y, weights = x, []
+    for i in range(5):
+        w = te.placeholder((16, 16), name=f"w{i}")
+        k = te.reduce_axis(16, f"k{i}")
+        y = te.compute((16, 16), lambda a, b, y=y, w=w, k=k: te.sum(y[a, k] * w[k, b], axis=[k]), name=f"mm{i}")
+        weights.append(w)
+    sketches = SketchPolicy(ansor.Task([x, *weights, y], name="chain"), seed=0).sketches
+    assert len({" ".join(s.history) for s in sketches}) > 1
+
+
 def test_custom_rule_runs_before_builtin_rules():
     def condition(ctx, state, sid):
         st = state.stages[sid]

@@ -427,6 +427,9 @@ def generate_sketches(state: State, ctx: SketchContext, custom_rules: Sequence[S
                 if cond == Cond.APPLY_AND_SKIP_REST:
                     break
         work = next_work
-        if len(done) + len(work) > max_sketches * 8:
-            break
+        room = max(max_sketches * 8 - len(done), 1)
+        if len(work) > room:
+            # many stages with several choices each (five chained products): go on with an
+            # evenly spaced share of the partial sketches, so some finish and they stay varied
+            work = [work[round(i * len(work) / room)] for i in range(room)]
     return list(done.values())[:max_sketches]
