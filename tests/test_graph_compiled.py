@@ -104,6 +104,29 @@ def test_compiled_model_matches_eager_with_numpy_and_torch_inputs(small_net, tmp
         compiled(np.zeros((1, 3, 4, 4), np.float32))
 
 
+def test_kernel_steps_run_as_one_foreign_call_with_the_same_result(small_net, tmp_path):
+    """Every step a compiled kernel: the model runs them with one call into C
+    (`measure.sequence`), which gives what calling them one by one from Python gives."""
+    model, x, want = small_net
+    compiled = ansor.build(ansor.graph.from_torch(model, (x,)), database=str(tmp_path / "empty.db"))
+    assert compiled._run_all is not None and len(compiled._run_all) == len(compiled._runs)
+    got = compiled(x.numpy())
+    assert rel_err(got, want) < TOLERANCE
+    out = compiled.graph.outputs[0]
+    compiled._values[out][...] = 0.0
+    for run in compiled._runs:  # the same buffers, the steps called one by one
+        run()
+    np.testing.assert_array_equal(compiled._values[out], got)
+
+
+def test_a_kernel_sequence_refuses_calls_with_more_arguments_than_it_dispatches():
+    from ansor.measure.sequence import MAX_ARGUMENTS, KernelSequence, sequence_source
+
+    with pytest.raises(ValueError, match="pointer arguments"):
+        KernelSequence([(1, [0] * (MAX_ARGUMENTS + 1))])
+    assert f"case {MAX_ARGUMENTS}:" in sequence_source() and f"case {MAX_ARGUMENTS + 1}:" not in sequence_source()
+
+
 def test_exported_library_runs_from_c_like_the_python_callable(small_net, tmp_path):
     model, x, want = small_net
     compiled = ansor.build(ansor.graph.from_torch(model, (x,)), database=str(tmp_path / "empty.db"),
@@ -156,6 +179,7 @@ def test_subgraph_without_te_form_runs_on_numpy_said_once_and_cannot_be_exported
     err = capfd.readouterr().err
     assert "numpy reference kernels" in err and "bool" in err
     assert any(s.kind == "fallback" for s in compiled.steps)
+    assert compiled._run_all is None  # numpy steps between the kernels: called one by one
     assert rel_err(compiled(x.numpy()), model(x).numpy()) < TOLERANCE
     from ansor.graph.export import ExportError
 

@@ -4,8 +4,9 @@
 distinct task once (its best record, else the default schedule), and lays out the calls: every
 subgraph occurrence is one step that calls its kernel on fixed buffers (its own weights, packed
 once; activations in the buffers of the memory plan). A call of the model then copies the
-inputs in, runs the steps (each a foreign-function call with pointers computed at build time)
-and copies the outputs out, so the Python cost per step is a few microseconds.
+inputs in, runs the steps and copies the outputs out. When every step is a compiled CPU kernel
+the steps run as one foreign call (`measure.sequence`, the entry points and pointers taken at
+build time); otherwise each step is its own foreign-function call, a few microseconds each.
 
 Subgraphs that have no te form run the numpy reference kernels on the same buffers; reshapes
 of contiguous values are views and cost nothing. Both are said once at build time.
@@ -29,6 +30,7 @@ from ansor.graph.model_tasks import ModelPiece, ModelTasks, extract_tasks
 from ansor.graph.reference import run_graph
 from ansor.graph.threads import single_threaded_blas
 from ansor.kernel import Kernel, build_many
+from ansor.measure.sequence import KernelSequence
 from ansor.memory import aligned_copy, aligned_empty
 from ansor.report import task_label
 from ansor.target import Target
@@ -70,6 +72,7 @@ class CompiledModel:
         self._values.update(g.constants)
         self.steps: list[Step] = [self._make_step(p) for p in tasks.pieces]
         self._runs = [s.run for s in self.steps if s.kind != "view"]
+        self._run_all = _as_one_call(self._runs)
 
     # ----------------------------------------------------------------------- construction
 
@@ -110,10 +113,13 @@ class CompiledModel:
             if not np.can_cast(array.dtype, t.dtype, casting="same_kind"):
                 raise TypeError(f"input {name!r}: expected dtype {t.dtype}, got {array.dtype}")
             np.copyto(self._values[name], array, casting="same_kind")
-        # numpy steps hold the BLAS to one thread: no BLAS workers left spinning on the kernels' cores
-        with single_threaded_blas() if self.tasks.fallbacks else nullcontext():
-            for run in self._runs:
-                run()
+        if self._run_all is not None:
+            self._run_all()
+        else:
+            # numpy steps hold the BLAS to one thread: no BLAS workers left spinning on the kernels' cores
+            with single_threaded_blas() if self.tasks.fallbacks else nullcontext():
+                for run in self._runs:
+                    run()
         results = [np.array(self._values[o]) for o in g.outputs]  # copies: the next call reuses the buffers
         if as_torch:
             import torch
@@ -178,6 +184,17 @@ def build_model(graph: Graph, database: Database | str | None = None, target: Ta
             print(f"ansor: {len(tasks.fallbacks)} subgraphs run with numpy reference kernels "
                   f"(no compiled form): {tasks.fallbacks[0].fallback_reason}", file=sys.stderr)
     return CompiledModel(tasks, kernels)
+
+
+def _as_one_call(runs: Sequence[Callable[[], None]]) -> Callable[[], None] | None:
+    """All the steps as one foreign call (`measure.sequence`) when every one is a compiled CPU
+    kernel called on fixed buffers; None otherwise (numpy fallbacks, GPU kernels)."""
+    if not runs or not all(hasattr(run, "address") for run in runs):
+        return None
+    try:
+        return KernelSequence([(run.address, run.pointers) for run in runs])
+    except (ValueError, RuntimeError):  # a call with very many arguments, or no C compiler
+        return None
 
 
 def _fallback_call(graph: Graph, ins: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> Callable[[], None]:

@@ -91,14 +91,19 @@ class KernelLibrary:
 
     def fixed_call(self, buffers: Sequence[np.ndarray]) -> Callable[[], None]:
         """A zero-argument call on `buffers`, their pointers taken once: the cheapest way to run
-        the kernel again and again on the same memory. The call holds the buffers, so the
-        memory its pointers point into lives as long as it does."""
+        the kernel again and again on the same memory from Python. The call holds the buffers,
+        so the memory its pointers point into lives as long as it does; its `address` and
+        `pointers` let `measure.sequence` run it from C."""
         func, pointers, kept = self._func, tuple(buffer_pointers(buffers)), list(buffers)
 
         def call() -> None:
             func(*pointers)
 
         call.buffers = kept  # the memory the pointers point into lives as long as the call
+        call.library = self  # and the library its entry point is in
+        # for `measure.sequence`, which runs many such calls from C
+        call.address = ctypes.cast(func, ctypes.c_void_p).value
+        call.pointers = tuple(p.value or 0 for p in pointers)
         return call
 
     def packed_buffers(self) -> list[np.ndarray]:
