@@ -15,6 +15,7 @@ from ansor.measure.run import evaluate_kernel
 from ansor.backend import generate_source
 from ansor.lower.lower import schedule_text
 from ansor.search.annotate import annotate, factorizations
+from ansor.search.annotate_gpu import annotate_program
 from ansor.search.sketch import Cond, SketchRule
 from ansor.search.sketch_policy import SketchPolicy
 from ansor.workloads import make_task_tensors
@@ -117,6 +118,34 @@ def test_a_chain_of_many_tiled_stages_still_gets_sketches():
         weights.append(w)
     sketches = SketchPolicy(ansor.Task([x, *weights, y], name="chain"), seed=0).sketches
     assert len({" ".join(s.history) for s in sketches}) > 1
+
+
+def test_every_annotated_program_is_traced_to_its_own_sketch():
+    from ansor.search.sketch_policy import sketch_index, sketch_structure
+
+    for name in ("conv2d_bias_relu", "max_pool2d", "matmul"):
+        policy = SketchPolicy(small_task(name), seed=0)
+        prefixes = [sketch_structure(s.steps) for s in policy.sketches]
+        for k, sketch in enumerate(policy.sketches):
+            for _ in range(5):
+                program = annotate_program(sketch.steps, policy.task.dag, policy.rng, policy.params,
+                                           policy.hardware)
+                assert program is None or sketch_index(program, prefixes) == k, (name, k)
+
+
+def test_a_first_round_measures_the_best_program_of_every_sketch():
+    """Nothing of the task measured yet: whatever the model thinks of a whole sketch, the
+    round's picks start with one program of each (the model's best of it)."""
+    from ansor.search.sketch_policy import sketch_index, sketch_structure
+
+    class CountsStoredBuffers:  # rates whole sketches (those with more stages) above others
+        def predict(self, feats):
+            return [float(f.shape[0]) for f in feats]
+
+    policy = SketchPolicy(small_task("max_pool2d"), seed=0, cost_model=CountsStoredBuffers())
+    prefixes = [sketch_structure(s.steps) for s in policy.sketches]
+    picks = policy.next_batch(8, set())
+    assert {sketch_index(p, prefixes) for p in picks[:len(policy.sketches)]} == set(range(len(policy.sketches)))
 
 
 def test_custom_rule_runs_before_builtin_rules():

@@ -66,6 +66,8 @@ class SearchParams:
                                               # multi-level tiling (0: no limit; the reference has none)
     max_picks_per_inner_tile: int = 16        # ... and with the same innermost tile shape (0: no limit),
                                               # so that a batch is not spent on one register tile
+    first_picks_per_sketch: bool = True       # while nothing of the task is measured, a round first
+                                              # measures the model's best program of each sketch
     feature_cache_size: int = 100_000         # programs whose features are kept between rounds
     search_workers: int = 0                   # processes breeding children and extracting features
                                               # (0: one per core; 1: all in the search process)

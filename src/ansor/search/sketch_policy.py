@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from dataclasses import fields
 from typing import Mapping, Sequence
 
 from ansor.database import Record
@@ -185,8 +186,14 @@ class SketchPolicy(SearchPolicy):
         t2 = time.perf_counter()
         picks: list[State] = []
         chosen: set[str] = set()
-        for st in diverse_best([st for _, st in ranked], n - n_random, p.max_picks_per_tiling,
-                               p.max_picks_per_inner_tile):
+        firsts = (self.best_of_each_sketch([st for _, st in ranked], init, (n - n_random) // 2)
+                  if p.first_picks_per_sketch and not self.measured else [])
+        for st in firsts + diverse_best([st for _, st in ranked], n - n_random, p.max_picks_per_tiling,
+                                        p.max_picks_per_inner_tile):
+            if len(picks) >= n - n_random:
+                break
+            if st.key() in chosen:
+                continue
             picks.append(as_state(st))
             chosen.add(st.key())
         pool = [st for st in init if st.key() not in chosen and st.key() not in measured_keys]
@@ -202,6 +209,29 @@ class SketchPolicy(SearchPolicy):
                            "total_s": time.perf_counter() - t0,
                            **{f"children_{k}": v for k, v in stats.items()}}
         return picks
+
+    def best_of_each_sketch(self, ranked: Sequence, population: Sequence, limit: int) -> list:
+        """The model's best program of each sketch, at most `limit`, for a round of a task with
+        nothing measured: a model that has never seen this workload (the pretrained one) can
+        rate a whole sketch low, and then no program of it is measured and nothing corrects it
+        (a pooling sketch added after the model was trained went unmeasured for 64 trials).
+        One program of each costs a few measurements and shows the refitted model every
+        structure. Sketches with no program among the evolved `ranked` take the best scored
+        one of the random `population`."""
+        if limit <= 0 or len(self.sketches) < 2:
+            return []
+        prefixes = [sketch_structure(s.steps) for s in self.sketches]
+        best: dict[int, object] = {}
+        for st in ranked:  # best first
+            k = sketch_index(st, prefixes)
+            if k is not None and k not in best:
+                best[k] = st
+        missing = [st for st in population if (k := sketch_index(st, prefixes)) is not None and k not in best]
+        if missing:
+            scores = self.score(missing)
+            for st, _ in sorted(zip(missing, scores), key=lambda t: -t[1]):
+                best.setdefault(sketch_index(st, prefixes), st)
+        return [best[k] for k in sorted(best)][:limit]
 
     # --- learning ---------------------------------------------------------------------------
     def update(self, results: Sequence) -> None:
@@ -224,6 +254,25 @@ class SketchPolicy(SearchPolicy):
         """Learn from earlier records of this task (a resumed or repeated job)."""
         results = [MeasureResult(st, rec) for rec, st in replay_records(records, self.task.dag)]
         self.update(results)
+
+
+def sketch_structure(steps: Sequence) -> tuple:
+    """What a sketch fixes in its steps: all of each step but the lengths of a split, of which
+    only the number of levels (annotation fills in the lengths and adds steps after them)."""
+    return tuple(repr([len(v) if f == "lengths" and v is not None else v
+                       for f, v in zip(("tag", *(x.name for x in fields(st))), st.to_json())])
+                 for st in steps)
+
+
+def sketch_index(program, prefixes: Sequence[tuple]) -> int | None:
+    """The sketch a program was annotated from (the longest structure its steps start with),
+    None where none matches (evolution changed a structural step)."""
+    found, size = None, -1
+    for k, prefix in enumerate(prefixes):
+        if len(prefix) > size and len(program.steps) >= len(prefix) \
+                and sketch_structure(program.steps[:len(prefix)]) == prefix:
+            found, size = k, len(prefix)
+    return found
 
 
 def tiling_signature(program) -> tuple:
