@@ -267,10 +267,11 @@ def sketch_structure(steps: Sequence) -> tuple:
 def sketch_index(program, prefixes: Sequence[tuple]) -> int | None:
     """The sketch a program was annotated from (the longest structure its steps start with),
     None where none matches (evolution changed a structural step)."""
+    longest = max((len(p) for p in prefixes), default=0)
+    structure = sketch_structure(program.steps[:longest])
     found, size = None, -1
     for k, prefix in enumerate(prefixes):
-        if len(prefix) > size and len(program.steps) >= len(prefix) \
-                and sketch_structure(program.steps[:len(prefix)]) == prefix:
+        if size < len(prefix) <= len(structure) and structure[:len(prefix)] == prefix:
             found, size = k, len(prefix)
     return found
 
