@@ -34,7 +34,7 @@ SMALL = {
     "max_pool2d": ((1, 8, 9, 9, 3), {"stride": 2, "padding": 1}),
     "avg_pool2d": ((1, 8, 8, 8, 2), {}),
 }
-ANNOTATIONS_PER_SKETCH = 20
+ANNOTATIONS_PER_SKETCH = 12  # programs compiled and checked per sketch (a third of the suite's time at 20)
 
 
 def small_task(name: str) -> ansor.Task:
@@ -142,7 +142,8 @@ def test_a_first_round_measures_the_best_program_of_every_sketch():
         def predict(self, feats):
             return [float(f.shape[0]) for f in feats]
 
-    policy = SketchPolicy(small_task("max_pool2d"), seed=0, cost_model=CountsStoredBuffers())
+    policy = SketchPolicy(small_task("max_pool2d"), seed=0, cost_model=CountsStoredBuffers(),
+                          params={"evolutionary_search_population": 256, "evolutionary_search_num_iters": 1})
     prefixes = [sketch_structure(s.steps) for s in policy.sketches]
     picks = policy.next_batch(8, set())
     assert {sketch_index(p, prefixes) for p in picks[:len(policy.sketches)]} == set(range(len(policy.sketches)))
