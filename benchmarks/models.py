@@ -239,8 +239,8 @@ def bench(name: str, args) -> dict:
         print(f"  {impl:15s} {median * 1e3:9.2f} ms  spread {spread:4.0%}  ratio {median / base:5.2f}")
     steps = compiled.profile(*x)
     kernels_ms = sum(seconds for _, _, seconds in steps) * 1e3
-    print(f"  the steps alone (each timed on its own, medians): {kernels_ms:.2f} ms; the rest of a call "
-          f"(copies in and out, Python): {timings['ansor'][0] * 1e3 - kernels_ms:+.3f} ms")
+    print(f"  the steps called one by one from Python (medians): {kernels_ms:.2f} ms; a whole call (one "
+          f"foreign call for all kernels, copies in and out) differs by {timings['ansor'][0] * 1e3 - kernels_ms:+.3f} ms")
     if args.profile:
         print("  per subgraph (median of 20 calls):")
         for label, kind, seconds in steps:
