@@ -172,7 +172,9 @@ def _plan(loop: ir.For, nest: list[ir.For], store: ir.Store, buf: ir.Buffer, ind
         scope[id(f.var)] = (0, f.extent - 1)
     scope[id(vec.var)] = (0, vec.extent - 1)
     simplifier = Simplifier(scope)  # the points share most of their subexpressions
-    base = simplifier.simplify(E.substitute(index, {f.var: E.Const(0, "int32") for f in [*inner, vec]}))
+    # where the tile is the whole accumulator its vectors are numbered from element 0, as ever
+    base = (simplifier.simplify(E.substitute(index, {f.var: E.Const(0, "int32") for f in [*inner, vec]}))
+            if outer else E.Const(0, "int32"))
     base_form = to_linear(base)
     if base_form.const % lanes or any(c % lanes for _, c in base_form.terms.values()):
         return None  # the block must start on a vector boundary for every outer iteration

@@ -100,7 +100,6 @@ class KernelLibrary:
             func(*pointers)
 
         call.buffers = kept  # the memory the pointers point into lives as long as the call
-        call.library = self  # and the library its entry point is in
         # for `measure.sequence`, which runs many such calls from C
         call.address = ctypes.cast(func, ctypes.c_void_p).value
         call.pointers = tuple(p.value or 0 for p in pointers)

@@ -71,13 +71,12 @@ class KernelSequence:
         self._arg_arrays = [(ctypes.c_void_p * max(len(args), 1))(*args) for _, args in calls]
         self._args = (ctypes.POINTER(ctypes.c_void_p) * n)(
             *(ctypes.cast(a, ctypes.POINTER(ctypes.c_void_p)) for a in self._arg_arrays))
-        self._n = n
         self._run = _runner()
         self._argv = (ctypes.c_int(n), ctypes.cast(self._fns, ctypes.c_void_p),
                       ctypes.cast(self._nargs, ctypes.c_void_p), ctypes.cast(self._args, ctypes.c_void_p))
 
     def __len__(self) -> int:
-        return self._n
+        return len(self._nargs)
 
     def __call__(self) -> None:
         failed = self._run(*self._argv)

@@ -226,11 +226,11 @@ class SketchPolicy(SearchPolicy):
             k = sketch_index(st, prefixes)
             if k is not None and k not in best:
                 best[k] = st
-        missing = [st for st in population if (k := sketch_index(st, prefixes)) is not None and k not in best]
+        missing = [(k, st) for st in population if (k := sketch_index(st, prefixes)) is not None and k not in best]
         if missing:
-            scores = self.score(missing)
-            for st, _ in sorted(zip(missing, scores), key=lambda t: -t[1]):
-                best.setdefault(sketch_index(st, prefixes), st)
+            scores = self.score([st for _, st in missing])
+            for (k, st), _ in sorted(zip(missing, scores), key=lambda t: -t[1]):
+                best.setdefault(k, st)
         return [best[k] for k in sorted(best)][:limit]
 
     # --- learning ---------------------------------------------------------------------------
