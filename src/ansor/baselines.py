@@ -61,8 +61,8 @@ def time_in_turns(fns: dict[str, Callable[[], object]], rounds: int = 7,
 
     Each round starts with a different callable, and each turn first sleeps `pause_s`: a
     runtime's thread pool goes on spinning (or its memory traffic settles) for a while after its
-    work, and on few cores the turn that follows pays for it (a whole model timed right after
-    onnxruntime ran about 10% slower than after a pause of half a second)."""
+    work, and on few cores the turn that follows pays for it (measured for a whole model right
+    after onnxruntime: BENCHMARKS.md)."""
     numbers = {name: _calls_per_repeat(fn, min_repeat_s) for name, fn in fns.items()}
     costs: dict[str, list[float]] = {name: [] for name in fns}
     names = list(fns)

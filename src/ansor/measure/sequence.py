@@ -1,9 +1,8 @@
 """Many kernel calls in one foreign call: a compiled model's steps run from C.
 
 Each step of a compiled model is a kernel called on fixed buffers. From Python every call
-costs a ctypes dispatch (a few microseconds, more with many pointer arguments); a network
-with sixty small kernels (MobileNet-V2 runs at about 3 ms) pays a few percent of its run for
-that alone. `KernelSequence` takes the steps' entry points and pointers once and runs them
+costs a ctypes dispatch, more with many pointer arguments; a network of many small kernels
+pays a visible share of its run for that alone (BENCHMARKS.md). `KernelSequence` takes the steps' entry points and pointers once and runs them
 all with one ctypes call into a small C function that calls each entry point in turn.
 
 The entry points of generated kernels take only pointers (`measure.library`), so each is
