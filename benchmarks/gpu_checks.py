@@ -4,12 +4,14 @@
   1. printed as CUDA for `Target.cuda(arch)` and compiled by nvcc (`-cubin -Xptxas -v`): build
      errors and register spills counted;
   2. printed as OpenCL and run on PoCL at the suite's shape, checked against numpy in the
-     isolated worker (the tuner's own runner): wrong answers and errors counted;
+     isolated worker (the tuner's own runner): wrong answers and errors counted; with
+     `--cuda-run` (on a machine with an NVIDIA GPU and CuPy) the CUDA builds run there too;
   3. a few per sketch, at a small shape of the same workload, run under Oclgrind: any report
      (data race, barrier divergence, out-of-bounds access) counted.
 
     python benchmarks/gpu_checks.py --per-sketch 32
     python benchmarks/gpu_checks.py --only softmax norm2 --per-sketch 8 --no-pocl
+    python benchmarks/gpu_checks.py --per-sketch 8 --cuda-run --no-pocl --oclgrind 0 --jobs 16   # on a GPU
 
 A program the GPU verifier refuses (over the target's limits) is counted apart: the search
 never measures those. Exit status 1 when any check fails.
@@ -76,6 +78,34 @@ def sources_for(programs_: list, target: ansor.Target) -> tuple[list[tuple[str, 
     return sources, refused
 
 
+def oclgrind_ready() -> bool:
+    from ansor.measure.oclgrind import oclgrind_available
+    return oclgrind_available()
+
+
+def rtol_of(task: ansor.Task) -> float:
+    """The tolerance the tuner checks this task's outputs with (long reductions round more)."""
+    expected = task.reference_outputs(task.random_inputs(seed=1))
+    return reduction_rtol(expected[0].dtype, task.longest_reduction)
+
+
+def run_checked(runner, task: ansor.Task, built: list, sources: list, counts: dict, messages: list) -> None:
+    """Run each built program in the runner's isolated worker on the task's inputs, checked
+    against numpy; counts correct ("ok"), wrong answers and errors."""
+    inputs = task.random_inputs(seed=1)
+    runner.set_task(inputs, task.reference_outputs(inputs))
+    for res, (_, entry) in zip(built, sources):
+        run = runner.run(res.lib_path, entry) if res.lib_path else None
+        if run is not None and run.error_no == MeasureErrorNo.NO_ERROR:
+            counts["ok"] += 1
+        elif run is not None and run.error_no == MeasureErrorNo.WRONG_ANSWER:
+            counts["wrong"] += 1
+            messages.append(run.error_msg[:200])
+        elif run is not None or "spill" not in res.error_msg:  # spills are counted by the build
+            counts["err"] += 1
+            messages.append((run.error_msg if run else res.error_msg)[:300])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--per-sketch", type=int, default=32)
@@ -83,12 +113,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--oclgrind", type=int, default=2, help="programs per sketch run under Oclgrind")
     ap.add_argument("--no-pocl", action="store_true")
     ap.add_argument("--no-nvcc", action="store_true")
+    ap.add_argument("--cuda-run", action="store_true",
+                    help="also run each program nvcc built on the CUDA GPU (CuPy), checked against numpy")
+    ap.add_argument("--jobs", type=int, default=2, help="programs compiled at a time")
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     failed = False
     print(f"{'workload':32} {'sketch':>6} {'progs':>5} {'refused':>7} | {'nvcc ok':>7} {'spill':>5} {'error':>5} | "
-          f"{'PoCL ok':>7} {'wrong':>5} {'error':>5} | {'grind ok':>8} {'report':>6} | {'s':>5}")
+          f"{'run ok':>7} {'wrong':>5} {'error':>5} | {'grind ok':>8} {'report':>6} | {'s':>5}")
     for label, name, shape, opts in SUITE:
         if args.only and name not in args.only and label not in args.only:
             continue
@@ -101,9 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         counts = {"nvcc_ok": 0, "spill": 0, "nvcc_err": 0, "ok": 0, "wrong": 0, "err": 0, "grind_ok": 0, "report": 0}
         messages: list[str] = []
         cu_sources, refused = sources_for([(k, p) for k, p in drawn], cuda_task.target)
+        cu_built = []
         if not args.no_nvcc:
             from ansor.measure.cuda import CudaBuilder
-            for res in CudaBuilder(args.arch, n_parallel=2).build([src for src, _ in cu_sources]):
+            cu_built = CudaBuilder(args.arch, n_parallel=args.jobs).build([src for src, _ in cu_sources])
+            for res in cu_built:
                 if res.error_no == MeasureErrorNo.NO_ERROR:
                     counts["nvcc_ok"] += 1
                 elif "spill" in res.error_msg:
@@ -112,29 +147,20 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     counts["nvcc_err"] += 1
                     messages.append(res.error_msg[:300])
+        if args.cuda_run:
+            from ansor.measure.cuda import CudaRunner
+            with CudaRunner(timeout=60, timing=CHECK_ONLY, rtol=rtol_of(cuda_task)) as runner:
+                run_checked(runner, cuda_task, cu_built, cu_sources, counts, messages)
         if not args.no_pocl:
             from ansor.measure.opencl import OpenCLBuilder, OpenCLRunner
             cl_sources, _ = sources_for(drawn, cl_task.target)
-            inputs = cl_task.random_inputs(seed=1)
-            expected = cl_task.reference_outputs(inputs)
-            rtol = reduction_rtol(expected[0].dtype, cl_task.longest_reduction)  # as the tuner checks
-            with OpenCLRunner(timeout=120, timing=CHECK_ONLY, rtol=rtol) as runner:
-                runner.set_task(inputs, expected)
-                built = OpenCLBuilder(n_parallel=2).build([src for src, _ in cl_sources])
-                for res, (_, entry) in zip(built, cl_sources):
-                    run = runner.run(res.lib_path, entry) if res.lib_path else None
-                    if run is not None and run.error_no == MeasureErrorNo.NO_ERROR:
-                        counts["ok"] += 1
-                    elif run is not None and run.error_no == MeasureErrorNo.WRONG_ANSWER:
-                        counts["wrong"] += 1
-                        messages.append(run.error_msg[:200])
-                    else:
-                        counts["err"] += 1
-                        messages.append((run.error_msg if run else res.error_msg)[:300])
-        from ansor.measure.oclgrind import oclgrind_available, race_check
-        if args.oclgrind and oclgrind_available():
+            with OpenCLRunner(timeout=120, timing=CHECK_ONLY, rtol=rtol_of(cl_task)) as runner:
+                built = OpenCLBuilder(n_parallel=args.jobs).build([src for src, _ in cl_sources])
+                run_checked(runner, cl_task, built, cl_sources, counts, messages)
+        if args.oclgrind and oclgrind_ready():
             small_inputs = small_task.random_inputs(seed=2)
             for source, _ in sources_for(small, small_task.target)[0]:
+                from ansor.measure.oclgrind import race_check
                 log = race_check(source, small_inputs)
                 counts["grind_ok" if not log else "report"] += 1
                 if log:
