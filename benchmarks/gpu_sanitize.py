@@ -31,8 +31,14 @@ from ansor.workloads import make_task
 
 SMALL = [("matmul", (64, 64, 64), {}), ("softmax", (32, 128), {}), ("layer_norm_gelu", (16, 256), {}),
          ("conv2d", (1, 8, 10, 10, 8, 3, 3), {"padding": 1}), ("norm2", (64, 128), {})]
-SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error")
-RACE_REPORT = re.compile(r"RACECHECK SUMMARY: (\d+) hazard")
+# memcheck-style tools end with "ERROR SUMMARY: n errors"; racecheck with "RACECHECK SUMMARY:
+# n hazards displayed (e errors, w warnings)"
+SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error|RACECHECK SUMMARY: (\d+) hazard")
+
+
+def summary_counts(log: str) -> list[int]:
+    """The error or hazard counts of each summary line in a compute-sanitizer log."""
+    return [int(a or b) for a, b in SUMMARY.findall(log)]
 
 
 def sampled_sources(per_sketch: int, seed: int) -> list[tuple[str, str]]:
@@ -107,14 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for tool in ("racecheck", "synccheck"):
         sampled_log = sanitize(tool, items[:-1], directory)
-        errors = [int(n) for n in SUMMARY.findall(sampled_log)]
+        errors = summary_counts(sampled_log)
         ran = sampled_log.count("\nran ") + sampled_log.startswith("ran ")
         print(f"{tool}: {ran} of {len(items) - 1} sampled programs ran; error summary {errors}", flush=True)
         if not errors or any(errors) or ran != len(items) - 1:
             failed = True
             print(sampled_log[-3000:])
     planted_log = sanitize("racecheck", items[-1:], directory)
-    hazards = [int(n) for n in SUMMARY.findall(planted_log) + RACE_REPORT.findall(planted_log)]
+    hazards = summary_counts(planted_log)
     print(f"planted missing barrier: racecheck summary {hazards}", flush=True)
     if not any(hazards):
         failed = True
