@@ -225,6 +225,25 @@ def test_generated_cuda_compiles_with_nvcc(tmp_path):
         assert "bytes spill" not in done.stderr or "0 bytes spill stores" in done.stderr
 
 
+@needs_pocl
+def test_a_long_cooperative_fetch_is_unrolled_eight_steps_at_a_time():
+    """nvcc unrolls a long fetch loop whole and hoists every step's address and padding tests:
+    a 28-70 step fetch alone took 255 registers and spilled. The printer caps such loops; the
+    compute loops and short fetches stay as the schedule says."""
+    from ansor.codegen.gpu import FETCH_UNROLL, LONG_FETCH
+    task, state = gpu_matmul(lengths=(2, 2, 4), k_tile=8, target=OPENCL)  # 4 threads fetch 32 x 4 values
+    source, _ = generate_source(state, task.target)
+    lines = source.splitlines()
+    capped = [lines[n + 1] for n, line in enumerate(lines) if line.strip() == f"#pragma unroll {FETCH_UNROLL}"]
+    assert len(capped) == 2 and all("ax0_ax1" in line and "< 32;" in line for line in capped), source
+    short_task, short_state = gpu_matmul(lengths=(2, 4, 2), k_tile=8, target=OPENCL)  # 16 threads: 8 steps
+    short_source, _ = generate_source(short_state, short_task.target)
+    assert f"#pragma unroll {FETCH_UNROLL}" not in short_source and LONG_FETCH >= 8
+    inputs = random_inputs(task)
+    (out,) = run_opencl(source, inputs, [np.zeros((64, 64), np.float32)])
+    assert_close(out, inputs[0].astype(np.float64) @ inputs[1], source)
+
+
 def test_the_printer_writes_the_header_the_runners_read():
     from ansor.codegen.gpu import LAUNCH_PREFIX
     from ansor.measure.gpu_module import HEADER_PREFIX, GPUModule

@@ -204,13 +204,9 @@ class CudaKernel(DeviceKernel):
         self._launches = [(raw.get_function(k.name), k.grid, k.block,
                            tuple(self._device[name] for name in k.args)) for k in self.module.kernels]
 
-    def _upload(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-        if len(arrays) == 1 and isinstance(arrays[0], (list, tuple)):
-            arrays = arrays[0]
-        checked = self.module.check_arguments(arrays)
+    def _copy_in(self, checked: list[np.ndarray]) -> None:
         for buffer, array in zip(self.module.parameters, checked):
             self._device[buffer.name].set(array)
-        return checked
 
     def _launch(self) -> None:
         for function, grid, block, args in self._launches:
@@ -226,7 +222,7 @@ class CudaKernel(DeviceKernel):
 
     def timed(self, buffers: Sequence[np.ndarray], number: int) -> float:
         """Total seconds of `number` runs between two CUDA events (no copies)."""
-        self._upload(buffers)
+        self._upload_for_timing(buffers)
         start, end = self._cupy.cuda.Event(), self._cupy.cuda.Event()
         start.record()
         for _ in range(number):
@@ -238,6 +234,7 @@ class CudaKernel(DeviceKernel):
     def close(self) -> None:
         self._launches = []
         self._device = {}
+        self._current = ()
 
 
 class CudaRunner(Runner):

@@ -226,6 +226,31 @@ class DeviceKernel:
 
     packed_nbytes: tuple[int, ...] = ()  # no packed parameters: prepacking is a CPU layout matter
     has_timer = True  # timed on the device's clock, not by the caller's
+    _current: tuple = ()  # the host arrays whose values the device buffers hold now
+
+    def _copy_in(self, checked: list[np.ndarray]) -> None:
+        """Copy the checked `(*inputs, *outputs)` into the device buffers (the subclass's API)."""
+        raise NotImplementedError
+
+    def _upload(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Check `(*inputs, *outputs)` (or one list of them, KernelLibrary's form) against the
+        launch plan and copy them to the device; returns them checked."""
+        if len(arrays) == 1 and isinstance(arrays[0], (list, tuple)):
+            arrays = arrays[0]
+        checked = self.module.check_arguments(arrays)
+        self._copy_in(checked)
+        self._current = tuple(arrays)
+        return checked
+
+    def _upload_for_timing(self, arrays: Sequence[np.ndarray]) -> None:
+        """Timed runs need the data on the device, not a new copy for every repeat: the very
+        arrays of the last upload are not copied again (a generated kernel's time does not
+        depend on the values). Copying 3 x 64 MB for each probe and repeat of a 4096^2 matmul
+        took longer than timing it."""
+        if len(arrays) == 1 and isinstance(arrays[0], (list, tuple)):
+            arrays = arrays[0]
+        if len(arrays) != len(self._current) or any(a is not b for a, b in zip(arrays, self._current)):
+            self._upload(arrays)
 
     def time(self, *arrays: np.ndarray, number: int = 1, repeat: int = 3) -> list[float]:
         """Seconds per run, one value per repeat of `number` runs, after one untimed run (a

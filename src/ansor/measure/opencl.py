@@ -172,17 +172,13 @@ class OpenCLKernel(DeviceKernel):
             kernel.set_args(*(self._device[name] for name in launch.args))
             self._launches.append((kernel, launch.global_size, launch.block))
 
-    def _upload(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def _copy_in(self, checked: list[np.ndarray]) -> None:
         cl = _pyopencl()
         if self._launches is None:
             raise RuntimeError("the kernel is closed")
-        if len(arrays) == 1 and isinstance(arrays[0], (list, tuple)):
-            arrays = arrays[0]  # KernelLibrary's form: one sequence of buffers
-        checked = self.module.check_arguments(arrays)
         for buffer, array in zip(self.module.parameters, checked):
             if buffer.nbytes:
                 cl.enqueue_copy(self._queue, self._device[buffer.name], array, is_blocking=False)
-        return checked
 
     def _launch(self) -> list[Any]:
         cl = _pyopencl()
@@ -205,7 +201,7 @@ class OpenCLKernel(DeviceKernel):
     def timed(self, buffers: Sequence[np.ndarray], number: int) -> float:
         """Total kernel seconds of `number` runs (profiling events, summed over the program's
         kernels; copies are not counted). The device outputs change; the arrays do not."""
-        self._upload(buffers)
+        self._upload_for_timing(buffers)
         self._queue.finish()  # the copies have read the arrays (which may be temporary copies)
         total_ns = 0
         done = 0
@@ -222,6 +218,7 @@ class OpenCLKernel(DeviceKernel):
         """Release the device buffers now rather than when the garbage collector gets to them."""
         device, self._device = getattr(self, "_device", {}), {}
         self._launches = None  # type: ignore[assignment]
+        self._current = ()
         for buffer in device.values():
             buffer.release()
 
