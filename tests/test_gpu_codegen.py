@@ -104,11 +104,11 @@ def test_printed_sources_carry_their_launch_and_show_the_tiles():
     assert module.language == "opencl"
     assert module.kernels == (KernelLaunch(entry, (16, 1, 1), (4, 1, 1), ("A", "B", "matmul")),)
     assert [b.role for b in module.buffers] == ["input", "input", "output"]
-    assert "__local float A_shared[128];" in cl_source and "barrier(CLK_LOCAL_MEM_FENCE);" in cl_source
+    assert "__local float A_shared[128] __attribute__((aligned(16)));" in cl_source and "barrier(CLK_LOCAL_MEM_FENCE);" in cl_source
     assert "reqd_work_group_size(4, 1, 1)" in cl_source and "get_local_id(0)" in cl_source
     cuda_task, cuda_state = gpu_matmul(target=ansor.Target.cuda())
     cu_source, _ = generate_source(cuda_state, cuda_task.target)
-    assert "__shared__ float A_shared[128];" in cu_source and "__syncthreads();" in cu_source
+    assert "__shared__ __align__(16) float A_shared[128];" in cu_source and "__syncthreads();" in cu_source
     assert '__launch_bounds__(4)' in cu_source and "threadIdx.x" in cu_source
 
 
@@ -242,6 +242,22 @@ def test_a_long_cooperative_fetch_is_unrolled_eight_steps_at_a_time():
     inputs = random_inputs(task)
     (out,) = run_opencl(source, inputs, [np.zeros((64, 64), np.float32)])
     assert_close(out, inputs[0].astype(np.float64) @ inputs[1], source)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_neighbouring_shared_memory_reads_become_vector_loads(tmp_path):
+    """Shared arrays are declared 16-byte aligned, so nvcc can read a thread's 4 neighbouring
+    values of a tile in one 128-bit load (without it, every read of the best sgemm found on an
+    H200 was a scalar load: 320 per 1024 multiply-adds)."""
+    import re
+    task, state = gpu_matmul(target=ansor.Target.cuda())
+    path = tmp_path / "matmul.cu"
+    path.write_text(generate_source(state, task.target)[0])
+    done = subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-o", str(tmp_path / "matmul.ptx"), str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    ptx = (tmp_path / "matmul.ptx").read_text()
+    assert re.search(r"ld\.shared\.v4\.f32", ptx), "no 128-bit shared-memory load"
 
 
 def test_the_printer_writes_the_header_the_runners_read():

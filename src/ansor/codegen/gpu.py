@@ -35,7 +35,7 @@ class Dialect:
     kernel_prefix: str            # before `void`; `{threads}` is the block's thread count
     global_pointer: str           # before the element type of a global pointer parameter
     restrict: str
-    shared: str                   # qualifier of a shared-memory array
+    shared: str                   # qualifier of a shared-memory array; `{decl}` is `type name[size]`
     barrier: str
     block_index: str              # `{axis}` is x/y/z, `{dim}` is 0/1/2
     thread_index: str
@@ -54,7 +54,8 @@ CUDA = Dialect(
     kernel_prefix='extern "C" __global__ void __launch_bounds__({threads})',
     global_pointer="",
     restrict="__restrict__",
-    shared="__shared__",
+    shared="__shared__ __align__(16) {decl}",  # aligned: nvcc then reads 4 neighbours in one
+                                                # 128-bit load (the best sgemm: 320 -> 80 loads)
     barrier="__syncthreads();",
     block_index="(int)blockIdx.{axis}",
     thread_index="(int)threadIdx.{axis}",
@@ -69,7 +70,7 @@ OPENCL = Dialect(
     kernel_prefix="__kernel __attribute__((reqd_work_group_size({bx}, {by}, {bz}))) void",
     global_pointer="__global ",
     restrict="restrict",
-    shared="__local",
+    shared="__local {decl} __attribute__((aligned(16)))",
     barrier="barrier(CLK_LOCAL_MEM_FENCE);",
     block_index="(int)get_group_id({dim})",
     thread_index="(int)get_local_id({dim})",
@@ -170,7 +171,7 @@ class GPUPrinter(CLikePrinter):
         name = self.names(b, b.name)
         ctype = self.TYPES[b.dtype]
         if b.scope == "shared":
-            self.emit(f"{self.dialect.shared} {ctype} {name}[{b.size}];", depth)
+            self.emit(self.dialect.shared.format(decl=f"{ctype} {name}[{b.size}]") + ";", depth)
             self.stmt(s.body, depth, in_parallel)
             return
         self.emit("{", depth)
