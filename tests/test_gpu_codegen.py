@@ -17,6 +17,7 @@ from ansor import te
 from ansor.backend import backend_for, generate_source, lower_for
 from ansor.costmodel.features import program_features
 from ansor.lower import ir
+from ansor.te import expr as E
 from ansor.lower.gpu import GPUScheduleError, kernels_of
 from ansor.search.annotate_gpu import GPUHardware, annotate_gpu
 from ansor.search.params import SearchParams
@@ -258,6 +259,46 @@ def test_neighbouring_shared_memory_reads_become_vector_loads(tmp_path):
     assert done.returncode == 0, done.stderr
     ptx = (tmp_path / "matmul.ptx").read_text()
     assert re.search(r"ld\.shared\.v4\.f32", ptx), "no 128-bit shared-memory load"
+
+
+@needs_pocl
+def test_virtual_threads_share_one_fill_and_match_numpy():
+    """Four virtual threads are injected: the tile copies into shared memory run once per
+    reduction step (not once per virtual thread), the accumulators of all four sub-tiles are
+    one private array, and the result is right on PoCL and race-free under Oclgrind."""
+    task, state = gpu_matmul(n=32, m=32, k=16, lengths=(2, 2, 2), k_tile=8)  # vthread 2 x 2 = 4
+    func = lower_for(state, task.target)
+    assert not any(isinstance(s, ir.For) and s.kind == "vthread" for s in ir.walk_stmts(func.body))
+    fills = [s for s in ir.walk_stmts(func.body) if isinstance(s, ir.Store) and s.buffer.scope == "shared"]
+    assert len(fills) == 2  # A's and B's copies, once each
+    local = [s.buffer for s in ir.walk_stmts(func.body) if isinstance(s, ir.Allocate) and s.buffer.scope == "local"]
+    assert [b.shape[0] for b in local] == [4]  # one slice per virtual thread
+    source, _ = generate_source(state, task.target)
+    assert "one after another" not in source
+    inputs = random_inputs(task)
+    (out,) = run_opencl(source, inputs, [np.zeros((32, 32), np.float32)])
+    assert_close(out, inputs[0].astype(np.float64) @ inputs[1], source)
+    if _oclgrind_available():
+        from ansor.measure.oclgrind import race_check
+        assert race_check(source, inputs) == ""
+
+
+def test_a_virtual_thread_loop_that_is_not_independent_stays_serial():
+    """A statement every virtual thread runs alike that is not a pure copy (here an update of
+    a global buffer that does not depend on the virtual thread) keeps the loop serial."""
+    from ansor.lower.virtual_threads import inject_virtual_threads
+    vt, i = E.Var("vt", "int32"), E.Var("i", "int32")
+    out = ir.Buffer("out", (4,), "float32", role="output")
+    total = ir.Buffer("total", (1,), "float32", role="output")
+    body = ir.Seq([
+        ir.Store(out, (vt,), E.Const(1.0, "float32")),
+        ir.Store(total, (E.Const(0, "int32"),), ir.BufferLoad(total, (E.Const(0, "int32"),)) + E.Const(1.0, "float32")),
+    ])
+    loop = ir.For(vt, 4, "vthread", body)
+    assert inject_virtual_threads(loop).kind == "vthread"
+    independent = ir.For(vt, 4, "vthread", ir.For(i, 2, "serial", ir.Store(out, (vt,), E.Const(1.0, "float32"))))
+    injected = inject_virtual_threads(independent)
+    assert injected.kind == "serial" and injected.body.kind == "unrolled" and injected.body.var is vt
 
 
 def test_the_printer_writes_the_header_the_runners_read():

@@ -23,9 +23,9 @@ GPU adds, done here:
   virtual threads, local memory per thread, unbound stages) with `GPUScheduleError`, before
   it is built: such a program has no features, so the search ranks it last.
 
-Virtual threads run as serial loops inside each thread (correct, with fills repeated per
-virtual thread; not unrolled: with their barriers and whole reductions, unrolled copies made
-nvcc spill registers).
+Virtual threads are injected (`lower.virtual_threads`): what does not depend on them runs once,
+what does becomes V unrolled copies at the innermost level; a loop whose iterations are not
+independent that way stays a serial loop inside each thread.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from ansor.lower import ir
 from ansor.lower.rewrite import flat_seq, map_children
+from ansor.lower.virtual_threads import inject_virtual_threads
 from ansor.schedule.errors import ScheduleError
 from ansor.te import expr as E
 
@@ -118,6 +119,7 @@ def _kernel(name: str, nest: ir.Stmt, params: list[ir.Buffer], limits: GPULimits
         raise GPUScheduleError(f"stage {stage!r}: {used} bytes of shared memory per block, over the "
                                f"target's {limits.shared_bytes}")
     _check_private_limits(body, limits, stage)
+    body = inject_virtual_threads(body)
     for buf in reversed(shared):
         body = ir.Allocate(buf, body)
     touched = {id(b) for b in _buffers_touched(body)}
@@ -280,7 +282,7 @@ def _check_private_limits(stmt: ir.Stmt, limits: GPULimits, stage: str) -> None:
                 raise GPUScheduleError(f"stage {stage!r}: {vthreads} virtual threads, over the target's "
                                        f"{limits.max_vthread}")
         if t is ir.Allocate and s.buffer.scope != "shared":
-            local += s.buffer.nbytes
+            local += s.buffer.nbytes * vthreads  # injected virtual threads: one copy each
             if local > limits.local_bytes:
                 raise GPUScheduleError(f"stage {stage!r}: {local} bytes of private arrays per thread, over "
                                        f"{limits.local_bytes}")

@@ -4,9 +4,9 @@ cooperative fetching of shared copies, unrolling (Ansor's GPU init rules, in ord
 - Tile sizes: the spatial splits of a multi-level-tiled stage ("SSSRRSRS": lengths for the
   virtual-thread, thread and two per-thread levels) are drawn together until the block has at
   most `max_threads` threads (and at least a warp, unless the whole output is small), at most
-  `max_vthread` virtual threads and a per-thread tile of at most `max_thread_tile` values
-  (its accumulators live in registers), with the block's registers enough for every thread's
-  tile. Drawing each axis alone would make most programs invalid. Other splits are drawn as on
+  `max_vthread` virtual threads and a per-thread tile (all virtual threads' sub-tiles) of at
+  most `max_thread_tile` values (its accumulators live in registers), with the block's
+  registers enough for every thread's tile. Drawing each axis alone would make most programs invalid. Other splits are drawn as on
   the CPU; the whole program is then lowered and verified (shared memory depends on all tiles).
 - Thread binding: a tiled root stage's first three tile levels are fused into blockIdx.x,
   vthread and threadIdx.x; a cross-thread reduction's spatial loops are fused into blockIdx.x
@@ -106,7 +106,8 @@ def _fill_tile_sizes(steps: list, rng: random.Random, params: SearchParams, hw: 
                        for i in indices}
             vthreads = math.prod(v[0] for v in lengths.values())
             threads = math.prod(v[1] for v in lengths.values())
-            tile = math.prod(v[2] * v[3] for v in lengths.values())
+            # injected virtual threads keep every sub-tile's accumulators live at once
+            tile = math.prod(v[0] * v[2] * v[3] for v in lengths.values())
             if (vthreads <= hw.max_vthread and threads <= hw.max_threads and tile <= hw.max_thread_tile
                     and threads * (2 * tile + REGISTER_OVERHEAD) <= hw.registers_per_block
                     and (threads >= hw.warp_size or total <= 2 * hw.warp_size)):
