@@ -454,6 +454,22 @@ def test_check_nan_and_inf() -> None:
     assert check_outputs([np.array([-np.inf, np.nan, 1.0], np.float32)], [special]) is not None
 
 
+def test_check_finds_a_mismatch_in_any_chunk_of_a_large_output() -> None:
+    """Large outputs are compared a chunk at a time: the last element and a NaN in a middle
+    chunk are found, and a special value matched by the output passes in any chunk."""
+    from ansor.measure.check import CHECK_CHUNK
+    expected = np.linspace(-1, 1, 3 * CHECK_CHUNK + 5, dtype=np.float32)
+    got = expected.copy()
+    got[-1] += 1.0
+    assert f"index ({expected.size - 1},)" in check_outputs([got], [expected])
+    got = expected.copy()
+    got[CHECK_CHUNK + 3] = np.nan
+    assert f"index ({CHECK_CHUNK + 3},)" in check_outputs([got], [expected])
+    special = expected.copy()
+    special[2 * CHECK_CHUNK] = np.inf
+    assert check_outputs([special.copy()], [special]) is None
+
+
 def test_check_integers_exact() -> None:
     expected = np.arange(12, dtype=np.int64).reshape(3, 4)
     assert check_outputs([expected.copy()], [expected]) is None
