@@ -185,7 +185,7 @@ def bench(name: str, args) -> dict:
     import torch
 
     import ansor
-    from ansor.baselines import time_in_turns
+    from ansor.baselines import paired_ratio, time_in_turns
     from ansor.graph.model_tasks import extract_tasks
     from ansor.graph.tuning import tune_model
 
@@ -231,12 +231,14 @@ def bench(name: str, args) -> dict:
     ort = onnxruntime_session(module, inputs)
     if ort is not None:
         fns["onnxruntime"] = ort
-    timings = {name: (t.median, t.spread) for name, t in time_in_turns(fns, args.rounds, min_repeat_s=0.3, pause_s=0.5).items()}
+    turns = time_in_turns(fns, args.rounds, min_repeat_s=0.3, pause_s=0.5)
+    timings = {name: (t.median, t.spread) for name, t in turns.items()}
     base = timings["ansor"][0]
     print(f"{name}: ansor max error {err:.1e} of the output RMS; timed in turns, {args.rounds} rounds "
-          f"(ratio = other / ansor, above 1: ansor faster)")
+          f"(ratio = other / ansor, above 1: ansor faster; paired: the median of each round's ratio)")
     for impl, (median, spread) in timings.items():
-        print(f"  {impl:15s} {median * 1e3:9.2f} ms  spread {spread:4.0%}  ratio {median / base:5.2f}")
+        print(f"  {impl:15s} {median * 1e3:9.2f} ms  spread {spread:4.0%}  ratio {median / base:5.2f}"
+              f"  paired {paired_ratio(turns[impl], turns['ansor']):5.2f}")
     steps = compiled.profile(*x)
     kernels_ms = sum(seconds for _, _, seconds in steps) * 1e3
     print(f"  the steps called one by one from Python (medians): {kernels_ms:.2f} ms; a whole call (one "
@@ -249,6 +251,7 @@ def bench(name: str, args) -> dict:
             per_layer_table(steps, [step_signature(s) for s in compiled.steps],
                             onnxruntime_profile(export_onnx(module, inputs), inputs))
     row = {"model": name, "error": err, "timings_ms": {k: v[0] * 1e3 for k, v in timings.items()},
+           "paired_ratios": {k: paired_ratio(t, turns["ansor"]) for k, t in turns.items()},
            "spreads": {k: v[1] for k, v in timings.items()}, "tasks": len(tasks.tasks), "steps_ms": kernels_ms,
            "tuned": sum(1 for k in compiled.kernels.values() if k.record is not None)}
     if curve is not None:

@@ -130,3 +130,16 @@ def test_compare_model_without_onnxruntime_says_so(tmp_path, monkeypatch):
 def test_unknown_baselines_to_skip_are_refused(tmp_path):
     with pytest.raises(ValueError, match="unknown baseline 'tvm'"):
         compare_model(str(tmp_path / "x.onnx"), skip=("tvm",))
+
+
+
+def test_timing_in_turns_keeps_each_round_and_pairs_them():
+    """Each round's turn is kept; the paired ratio takes a round's two turns together, so a
+    round that slows both alike cancels (here the other costs 2x in every round, though the
+    rounds' own speeds differ 4x)."""
+    from ansor.baselines import Timing, paired_ratio, time_in_turns
+    turns = time_in_turns({"a": lambda: None, "b": lambda: None}, rounds=3, min_repeat_s=0.0)
+    assert len(turns["a"].runs) == len(turns["b"].runs) == 3
+    base = Timing(2.0, 3.0 / 2.0, (1.0, 2.0, 4.0))
+    other = Timing(4.0, 6.0 / 4.0, (2.0, 4.0, 8.0))
+    assert paired_ratio(other, base) == 2.0 and paired_ratio(base, other) == 0.5

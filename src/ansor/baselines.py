@@ -15,6 +15,7 @@ import numpy as np
 class Timing:
     median: float  # seconds per call
     spread: float  # (max - min) / median over repeats
+    runs: tuple[float, ...] = ()  # seconds per call of each repeat (of each round, in turns)
 
 
 def time_callable(fn: Callable[[], object], repeat: int = 5, min_repeat_s: float = 0.05) -> Timing:
@@ -78,8 +79,15 @@ def time_in_turns(fns: dict[str, Callable[[], object]], rounds: int = 7,
     out = {}
     for name, runs in costs.items():
         med = statistics.median(runs)
-        out[name] = Timing(med, (max(runs) - min(runs)) / med if med > 0 else 0.0)
+        out[name] = Timing(med, (max(runs) - min(runs)) / med if med > 0 else 0.0, tuple(runs))
     return out
+
+
+def paired_ratio(other: Timing, base: Timing) -> float:
+    """Median over rounds of other/base, each round's two turns taken together: a slow phase
+    of a shared machine that lasts a round falls on both turns of it and cancels (timings from
+    `time_in_turns`)."""
+    return statistics.median(o / b for o, b in zip(other.runs, base.runs))
 
 
 def torch_callable(fn: Callable, options: dict, inputs: Sequence[np.ndarray],
