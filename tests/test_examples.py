@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,20 @@ def test_compare_tools_compares_a_workload_and_a_model(tmp_path):
     assert "ansor vs onnxruntime: ansor " in out or "skipped onnxruntime" in out
     for name in ("compare_matmul.png", "compare_model.png"):
         _assert_png(tmp_path / name)
+
+
+def test_tutorial_5_gpu_checks_an_opencl_kernel_and_prints_its_cuda_form(tmp_path):
+    from ansor.measure.opencl import opencl_platforms
+    try:
+        if "Portable Computing Language" not in opencl_platforms():
+            pytest.skip("PoCL is not installed (pip install 'ansor[opencl]')")
+    except Exception:  # noqa: BLE001 - pyopencl missing
+        pytest.skip("pyopencl is not installed (pip install 'ansor[opencl]')")
+    out = _run("tutorial_5_gpu.py", "--small", "--trials", "2", "--out", str(tmp_path / "cuda"), cwd=tmp_path)
+    assert "best OpenCL program: max error against numpy" in out
+    assert "blocks of" in out and "shared: A.shared" in out and "values accumulated by each thread" in out
+    assert "__kernel" in out
+    source = (tmp_path / "cuda" / "kernel.cu").read_text()
+    assert '__global__' in source and "__syncthreads();" in source
+    if shutil.which("nvcc"):
+        assert "registers" in out and "bytes of shared memory" in out

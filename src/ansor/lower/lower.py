@@ -295,7 +295,7 @@ class _Lowerer:
         def loop(p: int, inner: ir.Stmt) -> ir.Stmt:
             it = iters[p]
             kind = _LOOP_KIND.get(it.annotation, it.annotation)
-            if L.loop_extents[p] == 1 and kind in ("serial", "parallel", "vectorized", "unrolled"):
+            if L.loop_extents[p] == 1 and kind in ("serial", "parallel", "vectorized", "unrolled", "vthread"):
                 return inner  # a single iteration: its variable was simplified to 0
             return ir.For(L.loop_vars[p], L.loop_extents[p], kind, inner)
 
