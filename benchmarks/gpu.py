@@ -63,8 +63,8 @@ def torch_baselines(name: str, inputs: list[np.ndarray], compiled: bool) -> dict
     opts = {**w.options}
     fns: dict[str, object] = {"torch": lambda: w.torch_fn(opts, *xs)}
     if compiled:
-        fns["torch.compile"] = torch.compile(lambda *a: w.torch_fn(opts, *a))
-        fns["torch.compile"] = (lambda f=fns["torch.compile"]: f(*xs))
+        compiled_fn = torch.compile(lambda *a: w.torch_fn(opts, *a))
+        fns["torch.compile"] = lambda: compiled_fn(*xs)
     for fn in fns.values():
         fn()  # warm up (and compile)
     torch.cuda.synchronize()
