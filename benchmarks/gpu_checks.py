@@ -85,8 +85,7 @@ def oclgrind_ready() -> bool:
 
 def rtol_of(task: ansor.Task) -> float:
     """The tolerance the tuner checks this task's outputs with (long reductions round more)."""
-    expected = task.reference_outputs(task.random_inputs(seed=1))
-    return reduction_rtol(expected[0].dtype, task.longest_reduction)
+    return reduction_rtol(task.outputs[0].dtype, task.longest_reduction)
 
 
 def run_checked(runner, task: ansor.Task, built: list, sources: list, counts: dict, messages: list) -> None:

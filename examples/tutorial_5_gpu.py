@@ -24,7 +24,6 @@ the CPU (PoCL), which says whether it is right, not whether it is fast. The scri
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import subprocess
@@ -175,7 +174,7 @@ def main() -> None:
         ansor.tune(cuda_task, trials=args.cuda_trials, database=db)
         best = ansor.build(cuda_task, database=db)
         print(f"after {args.cuda_trials} CUDA trials: " + time_against_cublas(best, inputs))
-        print(json.dumps({"grid_and_block": how_it_uses_the_gpu(best)[0]}))
+        print("\n".join("  " + line for line in how_it_uses_the_gpu(best)))
 
 
 if __name__ == "__main__":
