@@ -21,6 +21,7 @@ from ansor.measurer import ProgramMeasurer
 from ansor.replay import replay_records
 from ansor.schedule.state import State
 from ansor.search.policy import SearchPolicy
+from ansor.search.retarget import retarget_vector_width
 from ansor.search.scheduler import TaskScheduler, make_scheduler
 from ansor.target import Target
 from ansor.task import Task
@@ -290,14 +291,33 @@ def _make_tuners(tasks: Sequence[Task], db: Database, policy: str | SearchPolicy
             if tuner.measured_keys:
                 task_policy.preload(db.records(task.workload_key, task.target.key))
             for key in from_targets:
-                tuner.add_candidates(state for _, state in replay_records(
-                    db.best(task.workload_key, key, k=TRANSFER_CANDIDATES), task.dag))
+                tuner.add_candidates(transferred_programs(task, db, key))
             tuner.start()
     except BaseException:
         for tuner in tuners:
             tuner.close()
         raise
     return tuners
+
+
+def transferred_programs(task: Task, db: Database, source_key: str, k: int = TRANSFER_CANDIDATES) -> list[State]:
+    """The best `k` programs of another target, each preceded by its variants for this target's
+    vector width when the widths differ (`ansor.search.retarget`): measured first in a job
+    that starts from that target's records."""
+    source_bytes = _vector_bytes(db, source_key)
+    out: list[State] = []
+    for _, state in replay_records(db.best(task.workload_key, source_key, k=k), task.dag):
+        if source_bytes and task.target.kind == "cpu":
+            out += retarget_vector_width(state, source_bytes, task.target.vector_unit_bytes)[:1]
+        out.append(state)
+    return out
+
+
+def _vector_bytes(db: Database, target_key: str) -> int | None:
+    """The vector width of a target known to the database (None when it is not described)."""
+    entry = db.target(target_key)
+    width = (entry or {}).get("description", {}).get("vector_unit_bytes")
+    return int(width) if isinstance(width, (int, float)) and width > 0 else None
 
 
 def _target_keys(targets: Target | str | Sequence[Target | str], tasks: Sequence[Task]) -> list[str]:
