@@ -301,9 +301,9 @@ def _make_tuners(tasks: Sequence[Task], db: Database, policy: str | SearchPolicy
 
 
 def transferred_programs(task: Task, db: Database, source_key: str, k: int = TRANSFER_CANDIDATES) -> list[State]:
-    """The best `k` programs of another target, each preceded by its variants for this target's
-    vector width when the widths differ (`ansor.search.retarget`): measured first in a job
-    that starts from that target's records."""
+    """The best `k` programs of another target, each preceded by its first variant for this
+    target's vector width when the widths differ (`ansor.search.retarget`): measured first in a
+    job that starts from that target's records."""
     source_bytes = _vector_bytes(db, source_key)
     out: list[State] = []
     for _, state in replay_records(db.best(task.workload_key, source_key, k=k), task.dag):
