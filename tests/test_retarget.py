@@ -53,7 +53,7 @@ def correct(task, state) -> None:
 def test_a_program_for_avx2_is_widened_for_avx512_and_stays_correct():
     task = matmul_task()
     avx2 = tiled(task, inner_j=8)
-    assert vectorized_splits(avx2) == [(1, 2)]  # the second step, the piece of lengths[1]
+    assert vectorized_splits(avx2) == [(1, 2, 4)]  # step 1, the piece of lengths[1], floats
     variants = retarget_vector_width(avx2, 32, 64)
     assert variants, "a vectorized split of 8 floats has a 16-float variant"
     # first: the vectorized piece doubled, the factor taken from the loop outside the split
@@ -74,6 +74,13 @@ def test_narrowing_halves_the_vectorized_loop_and_nothing_changes_for_equal_widt
     assert retarget_vector_width(avx512, 64, 64) == []
     # a length that does not divide: no variant rather than a fractional tile
     assert retarget_vector_width(tiled(task, inner_j=3), 64, 32) == []
+
+
+def test_no_variant_makes_a_ragged_tile_or_widens_a_piece_shorter_than_a_vector():
+    # 56 columns in tiles of 8: widened to 16 the last tile would be half outside the loop
+    assert retarget_vector_width(tiled(matmul_task(N=56), inner_j=8, middle_j=7), 32, 64) == []
+    # a vectorized piece of 2 floats does not fill an AVX2 vector: its width was not the point
+    assert retarget_vector_width(tiled(matmul_task(), inner_j=2), 32, 64) == []
 
 
 def test_a_program_without_vectorized_splits_has_no_variant():
