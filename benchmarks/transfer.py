@@ -6,8 +6,10 @@ For each workload, on this machine as it is (target B):
      (`--source-trials`), then B on a copy of A's records with `transfer_from=A`
      (`--transfer-trials`);
 and the trials each B job needed to reach 95% of (1)'s best, with the ratio to (1)'s own count
-(the transfer issue's bar: at most 0.5x). No job uses the package's pretrained model, so what
-is compared is transfer alone. One plot per workload (`--plots DIR`) with every B curve.
+(the transfer issue's bar: at most 0.5x). No job uses the package's pretrained model unless
+`--pretrained` (then every job does), so by default what is compared is transfer alone. One
+plot per workload (`--plots DIR`) with every B curve. The count of trials to 95% moves a lot
+with the scratch job's luck (19 trials in one run, 67 in another): run several seeds.
 
     python benchmarks/transfer.py --plots benchmarks/results --json transfer.json
 """
@@ -42,7 +44,7 @@ def trials_to_reach(curve: list[tuple[int, float]], gflops: float) -> int | None
 
 def run_workload(label: str, args, tmp: str) -> dict:
     name, shape, opts = WORKLOADS[label]
-    common = {"seed": args.seed, "progress": False, "pretrained": False}
+    common = {"seed": args.seed, "progress": False, "pretrained": args.pretrained}
     slug = "".join(c if c.isalnum() else "_" for c in label)
     scratch = ansor.tune(make_task(name, shape, **opts), trials=args.trials,
                          database=os.path.join(tmp, f"{slug}_scratch.db"), **common)
@@ -88,6 +90,7 @@ def main() -> None:
     parser.add_argument("--source-trials", type=int, default=150, help="each source target A (default 150)")
     parser.add_argument("--transfer-trials", type=int, default=100, help="B from A's records (default 100)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pretrained", action="store_true", help="every job starts from the shipped model")
     parser.add_argument("--plots", default=None, help="folder for one PNG per workload")
     parser.add_argument("--json", default=None, help="write the rows (with curves) here")
     args = parser.parse_args()
