@@ -89,7 +89,8 @@ def retarget_vector_width(state: State, from_bytes: int, to_bytes: int) -> list[
 def _scaled_lengths(step: SplitStep, slot: int, ratio: Fraction, compensate: int | None) -> tuple[int, ...] | None:
     """The split's lengths with `lengths[slot]` scaled by `ratio`; the opposite factor goes to
     `lengths[compensate]` (None: to the derived outer piece). None when a length would not be a
-    whole number, or the vectorized piece would outgrow the loop it splits."""
+    whole number, the vectorized piece would outgrow the loop it splits, or a tile that divided
+    that loop would no longer divide it."""
     lengths = list(step.lengths)
     scaled = lengths[slot] * ratio
     if scaled.denominator != 1 or scaled < 1:
