@@ -65,6 +65,27 @@ def test_a_program_for_avx2_is_widened_for_avx512_and_stays_correct():
         correct(task, state)
 
 
+def test_with_twice_the_registers_the_row_tile_nearest_the_vector_grows_too():
+    A = te.placeholder((4, 32, 16), "float32", name="A")
+    B = te.placeholder((4, 16, 64), "float32", name="B")
+    k = te.reduce_axis(16, name="k")
+    C = te.compute((4, 32, 64), lambda b, i, j: te.sum(A[b, i, k] * B[b, k, j], axis=k), name="C")
+    task = ansor.Task([A, B, C])
+    st = State(task.dag)
+    b0, b1 = st.split("C", "b", [2])
+    i0, i1 = st.split("C", "i", [4])
+    j0, j1, j2 = st.split("C", "j", [2, 8])
+    st.reorder("C", [b0, i0, j0, "k", b1, i1, j1, j2])
+    st.vectorize("C", j2)
+    variants = retarget_vector_width(st, 32, 64, register_ratio=2)
+    # first: j's vector widened, and i's rows doubled (i.1 sits nearer j.2 than b.1 does)
+    assert [step.lengths for step in variants[0].steps[:3]] == [(2,), (8,), (2, 16)]
+    assert [step.lengths for step in variants[1].steps[:3]] == [(4,), (4,), (2, 16)]
+    assert vector_extents(variants[2]) == [16] and variants[2].steps[1].lengths == (4,)  # widened only
+    for state in variants[:3]:
+        correct(task, state)
+
+
 def test_narrowing_halves_the_vectorized_loop_and_nothing_changes_for_equal_widths():
     task = matmul_task()
     avx512 = tiled(task, inner_j=16, middle_j=1)

@@ -302,22 +302,29 @@ def _make_tuners(tasks: Sequence[Task], db: Database, policy: str | SearchPolicy
 
 def transferred_programs(task: Task, db: Database, source_key: str, k: int = TRANSFER_CANDIDATES) -> list[State]:
     """The best `k` programs of another target, each preceded by its first variant for this
-    target's vector width when the widths differ (`ansor.search.retarget`): measured first in a
-    job that starts from that target's records."""
-    source_bytes = _vector_bytes(db, source_key)
+    target's vector width and register count when they differ (`ansor.search.retarget`):
+    measured first in a job that starts from that target's records."""
+    source = _described_target(db, source_key)
+    here = task.target
     out: list[State] = []
     for _, state in replay_records(db.best(task.workload_key, source_key, k=k), task.dag):
-        if source_bytes and task.target.kind == "cpu":
-            out += retarget_vector_width(state, source_bytes, task.target.vector_unit_bytes)[:1]
+        if source is not None and source.kind == here.kind == "cpu":
+            registers = here.vector_registers // source.vector_registers
+            out += retarget_vector_width(state, source.vector_unit_bytes, here.vector_unit_bytes,
+                                         registers if here.vector_registers % source.vector_registers == 0 else 1)[:1]
         out.append(state)
     return out
 
 
-def _vector_bytes(db: Database, target_key: str) -> int | None:
-    """The vector width of a target known to the database (None when it is not described)."""
+def _described_target(db: Database, target_key: str) -> Target | None:
+    """A target as the database describes it (None when it is not, or not in a form this
+    version reads)."""
     entry = db.target(target_key)
-    width = (entry or {}).get("description", {}).get("vector_unit_bytes")
-    return int(width) if isinstance(width, (int, float)) and width > 0 else None
+    try:
+        target = Target(**(entry or {})["description"])
+    except (KeyError, TypeError):
+        return None
+    return target if target.vector_unit_bytes > 0 else None
 
 
 def _target_keys(targets: Target | str | Sequence[Target | str], tasks: Sequence[Task]) -> list[str]:
