@@ -55,8 +55,8 @@ def run_workload(label: str, args, tmp: str) -> dict:
     print(f"{label}: from scratch {scratch.best_gflops:.1f} GFLOP/s after {args.trials} trials; "
           f"95% of it after {n_scratch}", flush=True)
     curves = {"from scratch": scratch.curve}
-    for source_label, restriction in SOURCES.items():
-        source = ansor.Target.host(**restriction)
+    for source_label in args.sources:
+        source = ansor.Target.host(**SOURCES[source_label])
         a_db = os.path.join(tmp, f"{slug}_{source.key}.db")
         a = ansor.tune(make_task(name, shape, target=source, **opts), trials=args.source_trials,
                        database=a_db, **common)
@@ -86,6 +86,7 @@ def run_workload(label: str, args, tmp: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="*", choices=list(WORKLOADS), default=list(WORKLOADS))
+    parser.add_argument("--sources", nargs="*", choices=list(SOURCES), default=list(SOURCES))
     parser.add_argument("--trials", type=int, default=300, help="B from scratch (default 300)")
     parser.add_argument("--source-trials", type=int, default=150, help="each source target A (default 150)")
     parser.add_argument("--transfer-trials", type=int, default=100, help="B from A's records (default 100)")
