@@ -10,7 +10,8 @@ machine is a target of its own, with its own records.
 2. tune it for target B (this CPU as it is) from scratch;
 3. tune it for B again on a copy of A's records, with `transfer_from=A`: the cost model starts
    from A's measured programs and A's best programs are measured first, each after a variant
-   whose vectorized loop is widened to B's vectors (from AVX2's 8 floats to AVX-512's 16);
+   fitted to B (from AVX2 to AVX-512: the vectorized loop widened from 8 floats to 16, the
+   register tile grown from 16 registers to 32);
 then plot the best GFLOP/s of 2 and 3 against trials, and say how many trials each needed to
 reach 95% of what tuning from scratch found.
 
