@@ -128,6 +128,5 @@ def test_transfer_from_avx2_measures_the_widened_program_before_the_original(tmp
     for i, key in enumerate(keys):
         if key not in originals:  # a variant comes right before its original
             assert keys[i + 1] in originals
-            widened = sorted(set(vector_extents(programs[i])) - set(vector_extents(programs[i + 1])))
-            assert widened and all(e % 16 == 0 for e in widened)
+            assert sum(vector_extents(programs[i])) > sum(vector_extents(programs[i + 1]))
     correct(task, programs[0])

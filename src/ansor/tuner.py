@@ -306,12 +306,13 @@ def transferred_programs(task: Task, db: Database, source_key: str, k: int = TRA
     measured first in a job that starts from that target's records."""
     source = _described_target(db, source_key)
     here = task.target
+    fitted = source is not None and source.kind == here.kind == "cpu"
+    more_registers, rest = divmod(here.vector_registers, source.vector_registers) if fitted else (1, 0)
     out: list[State] = []
     for _, state in replay_records(db.best(task.workload_key, source_key, k=k), task.dag):
-        if source is not None and source.kind == here.kind == "cpu":
-            registers = here.vector_registers // source.vector_registers
+        if fitted:
             out += retarget_vector_width(state, source.vector_unit_bytes, here.vector_unit_bytes,
-                                         registers if here.vector_registers % source.vector_registers == 0 else 1)[:1]
+                                         more_registers if rest == 0 and more_registers > 1 else 1)[:1]
         out.append(state)
     return out
 
