@@ -13,23 +13,21 @@ choice going to more and wider registers) while the others take it from another 
 same split (the same tile, reshaped). A target with more vector registers (AVX-512's 32 zmm
 against AVX2's 16 ymm) gets first the variants that also lengthen the innermost piece of another
 spatial split of the same stage by the ratio of the register counts: the register tile fills the
-larger file as the original filled the smaller one (AVX2 matmul programs on AVX-512: 263-278
-GFLOP/s that way against 169-259 only widened). Only pieces that fill whole vectors of the first target
-are scaled (a vectorized loop of 1 or 2 elements was not chosen for its width), and a variant
-whose tiles no longer divide the loop they split where the original's did is not made: the
-ragged last tile of a 56-wide loop vectorized by 16 ran a conv2d 20x slower than by 8. Variants
-that do not replay are dropped.
+larger file as the original filled the smaller one. Only pieces that fill whole vectors of the
+first target are scaled (a vectorized loop of 1 or 2 elements was not chosen for its width), and
+a variant whose tiles no longer divide the loop they split where the original's did is not made:
+a ragged last vector tile is far slower than the original. Variants that do not replay are
+dropped. What the variants gain is measured in BENCHMARKS.md.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 import numpy as np
 
-from ansor.schedule.errors import ScheduleError
 from ansor.schedule.state import State
 from ansor.schedule.steps import SplitStep
 
@@ -49,15 +47,15 @@ def _splits(state: State) -> dict[int, _SplitInfo]:
     out: dict[int, _SplitInfo] = {}
     replayed = State(state.dag)
     for index, step in enumerate(state.steps):
-        kind = ""
-        if isinstance(step, SplitStep):
-            kind = replayed.stages[step.stage_id].iters[step.iter_id].kind
+        if not isinstance(step, SplitStep):
+            step.apply(replayed)
+            continue
+        kind = replayed.stages[step.stage_id].iters[step.iter_id].kind
         step.apply(replayed)
-        if isinstance(step, SplitStep):
-            stage = replayed.stages[step.stage_id]
-            pieces = stage.iters[step.iter_id: step.iter_id + len(step.lengths) + 1]
-            out[index] = _SplitInfo(stage.name, kind, tuple(p.name for p in pieces),
-                                    np.dtype(stage.tensor.dtype).itemsize)
+        stage = replayed.stages[step.stage_id]
+        pieces = stage.iters[step.iter_id: step.iter_id + len(step.lengths) + 1]
+        out[index] = _SplitInfo(stage.name, kind, tuple(p.name for p in pieces),
+                                np.dtype(stage.tensor.dtype).itemsize)
     return out
 
 
@@ -100,7 +98,7 @@ def retarget_vector_width(state: State, from_bytes: int, to_bytes: int, register
         for i, level in vectorized:
             new = _scaled_lengths(steps[i], level - 1, ratio, compensate)
             if new is not None:
-                steps[i] = SplitStep(steps[i].stage_id, steps[i].iter_id, steps[i].extent, new, True)
+                steps[i] = replace(steps[i], lengths=new)
                 changed = True
         if changed:
             candidates.append(steps)
@@ -111,7 +109,7 @@ def retarget_vector_width(state: State, from_bytes: int, to_bytes: int, register
     for steps in candidates:
         try:
             variant = State.replay(state.dag, steps)
-        except (ScheduleError, ValueError, IndexError):
+        except (ValueError, IndexError):  # ScheduleError is a ValueError
             continue
         if variant.key() not in seen:
             seen.add(variant.key())
@@ -139,7 +137,7 @@ def _grown_register_tiles(state: State, info: dict[int, _SplitInfo], vectorized:
         if new is None:
             continue
         steps = list(widened)
-        steps[j] = SplitStep(step.stage_id, step.iter_id, step.extent, new, True)
+        steps[j] = replace(step, lengths=new)
         position = order.get((split.stage, split.pieces[-1]))
         distance = min((abs(position - t) for t in targets), default=0) if position is not None else len(order)
         grown.append((distance, j, steps))
