@@ -6,6 +6,7 @@ sources are compiled by nvcc where it is installed."""
 from __future__ import annotations
 
 import random
+import re
 import shutil
 import subprocess
 
@@ -110,7 +111,7 @@ def test_printed_sources_carry_their_launch_and_show_the_tiles():
     cuda_task, cuda_state = gpu_matmul(target=ansor.Target.cuda())
     cu_source, _ = generate_source(cuda_state, cuda_task.target)
     assert "__shared__ __align__(16) float A_shared[128];" in cu_source and "__syncthreads();" in cu_source
-    assert '__launch_bounds__(4)' in cu_source and "threadIdx.x" in cu_source
+    assert '__launch_bounds__(4, 1)' in cu_source and "threadIdx.x" in cu_source
 
 
 @needs_pocl
@@ -243,6 +244,55 @@ def test_a_long_cooperative_fetch_is_unrolled_eight_steps_at_a_time():
     inputs = random_inputs(task)
     (out,) = run_opencl(source, inputs, [np.zeros((64, 64), np.float32)])
     assert_close(out, inputs[0].astype(np.float64) @ inputs[1], source)
+
+
+def _loops_and_pragmas(source: str) -> dict[str, str]:
+    """Each loop variable of a printed kernel -> the unroll pragma above its loop ('' if none)."""
+    lines = source.splitlines()
+    loops = {}
+    for n, line in enumerate(lines):
+        m = re.match(r"\s*for \(int (\w+) = 0;", line)
+        if m:
+            above = lines[n - 1].strip()
+            loops[m.group(1)] = above if above.startswith("#pragma unroll") else ""
+    return loops
+
+
+def test_loops_that_index_registers_are_unrolled_and_unroll_nests_count_the_copies_around_them():
+    """A loop indexing a thread's accumulator is always unrolled (else the accumulator lives in
+    local memory); a nest that the schedule's auto-unroll pragma unrolls is counted with the
+    copies that the unrolled register loops around it make, and kept rolled past
+    MAX_UNROLLED_STATEMENTS; inside such copies a loop the schedule left rolled stays rolled
+    (such nests took 255 registers and spilled)."""
+    from ansor.codegen.gpu import MAX_UNROLLED_STATEMENTS
+
+    def printed(k_tile: int, register_loop_outside: bool, max_step: int = 0) -> tuple[str, ansor.Task]:
+        task, s = gpu_matmul(n=64, m=64, k=256, lengths=(2, 2, 4), k_tile=k_tile, target=OPENCL)
+        local = next(st.name for st in s.stages if st.name.endswith("local"))
+        ko, ki, i, j = [it.name for it in s.stage(local).iters[:4]]
+        if register_loop_outside:
+            s.reorder(local, [ko, i, ki, j])
+        if max_step:
+            s.pragma(local, ko, f"auto_unroll_max_step${max_step}")
+        return generate_source(s, task.target)[0], task
+
+    plain, _ = printed(64, register_loop_outside=False)
+    loops = _loops_and_pragmas(plain)
+    registers = {v for v in loops if re.search(rf"matmul_local\[[^\]]*\b{v}\b", plain)}
+    assert registers and all(loops[v] == "#pragma unroll" for v in registers), plain
+    assert loops["k_1"] == ""  # the schedule asked for no unrolling: nvcc decides
+    assert _loops_and_pragmas(printed(64, True)[0])["k_1"] == "#pragma unroll 1"  # inside 4 copies
+    # the k_1 nest (k_1, j and the 4 virtual threads) is 16 x 16 statements, in 4 copies of
+    # the register loop i, or 64 x 16
+    assert 4 * 16 * 16 <= MAX_UNROLLED_STATEMENTS < 4 * 64 * 16
+    assert _loops_and_pragmas(printed(16, True, max_step=1024)[0])["k_1"] == "#pragma unroll"
+    capped, task = printed(64, True, max_step=1024)
+    assert _loops_and_pragmas(capped)["k_1"] == "#pragma unroll 1", capped
+    assert _loops_and_pragmas(capped)["j_3"] == "#pragma unroll"
+    if _pocl_available():
+        inputs = random_inputs(task)
+        (out,) = run_opencl(capped, inputs, [np.zeros((64, 64), np.float32)])
+        assert_close(out, inputs[0].astype(np.float64) @ inputs[1], capped)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
