@@ -189,7 +189,8 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
         policy: "sketch.xgb" (evolutionary search guided by the learned cost model),
             "sketch.random" (random programs of the sketches), "basic" (a simple random search),
             or a `SearchPolicy` object (one task only).
-        measures_per_round: Programs compiled and measured per round (the batch).
+        measures_per_round: Programs compiled and measured per round (the batch); a job of fewer
+            than twice as many trials starts with rounds of 4, 4, 8, ... programs (FIRST_ROUND).
         timing: How kernels are timed (`ansor.measure.TimingPolicy`); None for the default.
         progress: Whether to show a progress display.
         callback: Called with the task's `TuneResult` after every round.

@@ -9,9 +9,10 @@ text is the whole program.
 Loops bound to blockIdx/threadIdx print as a named index read from the hardware (`const int
 i_tx = threadIdx.x;`), guarded where the loop is shorter than the block; unrolled and
 auto-unrolled loops print with an unroll pragma, virtual threads as a plain loop, so a reader
-sees the schedule's tile structure in the source. Two rules keep nvcc from spilling registers
-(a spill fails the build): loops that index a thread's local array are always unrolled, and an
-unrolled nest counts the copies that the unrolled loops around it make.
+sees the schedule's tile structure in the source. nvcc is kept from spilling registers (a spill
+fails the build): loops that index a thread's local array are always unrolled, an unrolled nest
+counts the copies that the unrolled loops around it make (GPUPrinter.loop), and the launch
+bounds ask for one block per multiprocessor.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from dataclasses import dataclass
 
 from ansor.codegen.c_like import C_KEYWORDS, CLikePrinter, PreludePiece, _helpers
 from ansor.lower import ir
-from ansor.te import expr as E
 from ansor.lower.gpu import AXIS, BLOCK_KINDS, THREAD_KINDS, kernels_of
+from ansor.te import expr as E
 
 LAUNCH_PREFIX = "// ansor-launch: "
 LONG_FETCH = 16   # a cooperative fetch loop of more steps is long: see _is_long_fetch
