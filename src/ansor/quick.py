@@ -5,9 +5,9 @@ tens of times slower than a tuned one. Now it runs one short search instead: the
 (the package's pretrained model, continued on the database's other workloads when it has
 some) ranks candidates that a small evolutionary search proposes, the few best are compiled
 and measured (correctness checked, as always) beside the default schedule, recorded, and the
-fastest is built. Two rounds of a few programs each (the model is refitted on the first
-round's measurements before it picks the second), seconds in all; the records make the next
-build (and a later `tune`) start from them.
+fastest is built. Rounds of 4, 4 and 8 programs (the model is refitted on each round's
+measurements before it picks the next: `tuner.FIRST_ROUND`), seconds in all; the records make
+the next build (and a later `tune`) start from them.
 """
 
 from __future__ import annotations
@@ -28,10 +28,6 @@ from ansor.tuner import TUNE_DEFAULTS, shared_cost_model, tune
 
 #: Programs measured when a workload has no record (0: the plain default schedule instead).
 QUICK_TRIALS = 16
-#: Programs per round of the quick search: the model is refitted on each round's measurements
-#: before it picks the next, which is worth more than ranking all of them at once with the
-#: model that has seen none of this workload (BENCHMARKS.md).
-QUICK_ROUND = 8
 #: A smaller evolutionary search than tuning's (2048 x 4): the model is all that guides it here,
 #: and the point is to answer in seconds. 1024 rather than 512 programs: softmax 1536x128 came
 #: out at 0.051-0.058 ms against 0.065-0.098 (its 300-trial best: 0.055), for 2-4 s more;
@@ -54,9 +50,11 @@ def quick_search(task: Task, database: Database | str | None = None, trials: int
     try:
         model = shared_cost_model([task], db, seed, TUNE_DEFAULTS["transfer_programs"], pretrained)
         policy = SketchPolicy(task, seed, params=QUICK_SEARCH, cost_model=model)
-        # the default schedule is one of the candidates: the quick build is never slower than it
-        tune(task, trials=trials, database=db, policy=policy,
-             measures_per_round=min(trials, QUICK_ROUND),
+        # The default schedule is one of the candidates: the quick build is never slower than it.
+        # One small job, so its rounds grow (4, 4, 8): against 8 + 8, three seeds each, depthwise
+        # 128x56x56 came out 0.48-0.71x of its 300-trial best against 0.39-0.59x, softmax
+        # 1536x128 0.89-1.01x against 0.78-0.95x, for 3-5 s more (BENCHMARKS.md).
+        tune(task, trials=trials, database=db, policy=policy, measures_per_round=trials,
              progress=progress, confirm_best=0, first_programs=[default_schedule(task)])
     finally:
         if owned:
