@@ -74,17 +74,18 @@ def test_several_tasks_take_rounds_in_turn_with_one_shared_model(tmp_path):
 
 
 def test_a_small_job_measures_in_growing_rounds_and_a_large_one_in_full_rounds(tmp_path):
-    """Under two rounds' worth of trials the model is refitted after 4, 4, 8, ... programs, so
+    """In a job of at most SMALL_JOB trials the model is refitted after 4, 4, 8, ... programs, so
     that a 16-trial job does not spend its whole budget on the first blind pick."""
-    from ansor.tuner import FIRST_ROUND
+    from ansor.tuner import FIRST_ROUND, SMALL_JOB
 
     small, large = RoundLog(), RoundLog()
     ansor.tune(matmul_task(), trials=16, database=str(tmp_path / "s.db"), seed=0, progress=False,
                measures_per_round=16, callbacks=[small], confirm_best=0, pretrained=False)
     assert [n for _, n in small.rounds] == [FIRST_ROUND, FIRST_ROUND, 2 * FIRST_ROUND] == [4, 4, 8]
-    ansor.tune(matmul_task(), trials=16, database=str(tmp_path / "l.db"), seed=0, progress=False,
-               measures_per_round=8, callbacks=[large], confirm_best=0, pretrained=False)
-    assert [n for _, n in large.rounds] == [8, 8]
+    ansor.tune(matmul_task(), trials=SMALL_JOB + 2, database=str(tmp_path / "l.db"), seed=0,
+               progress=False, measures_per_round=SMALL_JOB // 2 + 1, callbacks=[large], confirm_best=0,
+               pretrained=False)
+    assert [n for _, n in large.rounds] == [SMALL_JOB // 2 + 1] * 2
 
 
 def test_tasks_share_one_cost_model(tmp_path, monkeypatch):

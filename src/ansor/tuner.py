@@ -40,11 +40,12 @@ TUNE_DEFAULTS = {
     "pretrained": None,        # fits continue from the package's pretrained model (when it has one
                                # for the target's kind); None: yes unless ANSOR_PRETRAINED=0
 }
-FIRST_ROUND = 4                # a job of fewer than two rounds' trials measures 4, 4, 8, 16, ...
-                               # (tune(16) of four held-out workloads, two seeds each: depthwise
-                               # 0.61-0.64x of the 300-trial best against 0.60-0.63 in one batch,
-                               # softmax 1.03-1.10 against 0.80-0.81, matmul and LayerNorm+GELU
-                               # the same; twice the search time: 31 s against 15)
+SMALL_JOB = 32                 # a job of at most this many trials measures FIRST_ROUND, then as
+FIRST_ROUND = 4                # many as it has measured: 4, 4, 8, 16 (tune(16) of four held-out
+                               # workloads, two seeds each: softmax 1.03-1.10x of the 300-trial best
+                               # against 0.80-0.81 in one batch, depthwise, matmul, LayerNorm+GELU
+                               # level; twice the search time: 31 s against 15). Larger jobs keep
+                               # full rounds: a 64-trial matmul 1024 took 70 s against 36, no faster.
 MIN_TRANSFER_PROGRAMS = 64     # fewer than this: not worth starting from
 TRANSFER_CANDIDATES = 8        # best programs of another target measured first (transfer_from)
 
@@ -189,8 +190,8 @@ def tune(tasks: Task | Sequence[Task], trials: int = 200, database: Database | s
         policy: "sketch.xgb" (evolutionary search guided by the learned cost model),
             "sketch.random" (random programs of the sketches), "basic" (a simple random search),
             or a `SearchPolicy` object (one task only).
-        measures_per_round: Programs compiled and measured per round (the batch); a job of fewer
-            than twice as many trials starts with rounds of 4, 4, 8, ... programs (FIRST_ROUND).
+        measures_per_round: Programs compiled and measured per round (the batch); a job of at
+            most SMALL_JOB (32) trials measures in rounds of 4, 4, 8, 16 instead.
         timing: How kernels are timed (`ansor.measure.TimingPolicy`); None for the default.
         progress: Whether to show a progress display.
         callback: Called with the task's `TuneResult` after every round.
@@ -356,7 +357,7 @@ def _run(tuners: Sequence[TaskTuner], scheduler: TaskScheduler, trials: int, per
         if index is None:
             break
         size = min(per_round, trials - measured)
-        if trials < 2 * per_round:
+        if trials <= SMALL_JOB:
             size = min(size, _ramped_round(tuners[index]))
         batch = tuners[index].round(size, deadline)
         measured += len(batch)
