@@ -51,10 +51,8 @@ def quick_search(task: Task, database: Database | str | None = None, trials: int
         model = shared_cost_model([task], db, seed, TUNE_DEFAULTS["transfer_programs"], pretrained)
         policy = SketchPolicy(task, seed, params=QUICK_SEARCH, cost_model=model)
         # The default schedule is one of the candidates: the quick build is never slower than it.
-        # One small job, so its rounds grow (4, 4, 8): against 8 + 8, three seeds each, depthwise
-        # 128x56x56 came out 0.48-0.71x of its 300-trial best against 0.39-0.59x, softmax
-        # 1536x128 0.89-1.01x against 0.78-0.95x, for 3-5 s more; a rerun of the same seeds
-        # gave 0.35-0.63x and 0.84-1.00x, so the gain is within the spread (BENCHMARKS.md).
+        # One small job, so its rounds grow (4, 4, 8) like any small job of `tune`'s; against two
+        # rounds of 8 the gain is within the run-to-run spread (BENCHMARKS.md).
         tune(task, trials=trials, database=db, policy=policy, measures_per_round=trials,
              progress=progress, confirm_best=0, first_programs=[default_schedule(task)])
     finally:

@@ -40,12 +40,10 @@ TUNE_DEFAULTS = {
     "pretrained": None,        # fits continue from the package's pretrained model (when it has one
                                # for the target's kind); None: yes unless ANSOR_PRETRAINED=0
 }
-SMALL_JOB = 32                 # a job of at most this many trials measures FIRST_ROUND, then as
-FIRST_ROUND = 4                # many as it has measured: 4, 4, 8, 16 (tune(16) of four held-out
-                               # workloads, two seeds each: softmax 1.03-1.10x of the 300-trial best
-                               # against 0.80-0.81 in one batch, depthwise, matmul, LayerNorm+GELU
-                               # level; twice the search time: 31 s against 15). Larger jobs keep
-                               # full rounds: a 64-trial matmul 1024 took 70 s against 36, no faster.
+SMALL_JOB = 32                 # trials: a job this small measures in growing rounds (_ramped_round)
+FIRST_ROUND = 4                # programs in the first of them; larger jobs keep full rounds, whose
+                               # one search each costs less than the extra refits gain there
+                               # (both measured in BENCHMARKS.md)
 MIN_TRANSFER_PROGRAMS = 64     # fewer than this: not worth starting from
 TRANSFER_CANDIDATES = 8        # best programs of another target measured first (transfer_from)
 

@@ -59,7 +59,7 @@ CUDA = Dialect(
     header=("#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif\n"
             "#ifndef NAN\n#define NAN __int_as_float(0x7fffffff)\n#endif\n"),
     # one block per multiprocessor is enough: without the 1, ptxas spills a few values of a small
-    # block's kernel to fit more blocks (7 of 640 sampled programs), and a spill fails the build
+    # block's kernel to fit more blocks, and a spill fails the build (BENCHMARKS.md)
     kernel_prefix='extern "C" __global__ void __launch_bounds__({threads}, 1)',
     global_pointer="",
     restrict="__restrict__",
@@ -203,11 +203,11 @@ class GPUPrinter(CLikePrinter):
             return
         # Unrolling is the schedule's to decide, with two exceptions. A loop whose variable
         # indexes a local array is always unrolled: otherwise the array lives in local memory,
-        # not registers (nvcc left 5 of 640 sampled programs so). And a nest is counted with
-        # the copies that the unrolled loops around it make: a 1152-statement nest that the
-        # schedule unrolled, inside a 4-step register loop, took 255 registers and spilled;
-        # inside such copies a loop the schedule left rolled is kept rolled (nvcc would unroll
-        # a 7-step one by itself).
+        # not registers. And a nest is counted with the copies that the unrolled loops around
+        # it make (the schedule's auto-unroll depth counts only the nest itself): past
+        # MAX_UNROLLED_STATEMENTS it stays rolled, and inside such copies a loop the schedule
+        # left rolled is kept rolled, which nvcc would otherwise unroll when it is short. Both
+        # kept nvcc from filling all 255 registers and spilling (BENCHMARKS.md).
         unrolled = False
         if s.kind == "vthread":  # a whole tile's work with its barriers: a loop, not unrolled copies
             self.emit("/* virtual threads, one after another */", depth)
