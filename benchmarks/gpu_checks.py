@@ -1,8 +1,9 @@
 """GPU programs checked without a GPU, over the whole suite: for each workload of
 `benchmarks/suite.py` and each of its GPU sketches, `--per-sketch` randomly annotated programs
 
-  1. printed as CUDA for `Target.cuda(arch)` and compiled by nvcc (`-cubin -Xptxas -v`): build
-     errors and register spills counted;
+  1. printed as CUDA for `Target.cuda(arch)` and compiled by nvcc (`-cubin -Xptxas -v`) as the
+     tuner builds them (a program that spilled is printed again with shorter unrolled nests):
+     build errors and register spills counted, and how many programs needed that second print;
   2. printed as OpenCL and run on PoCL at the suite's shape, checked against numpy in the
      isolated worker (the tuner's own runner): wrong answers and errors counted; with
      `--cuda-run` (on a machine with an NVIDIA GPU and CuPy) the CUDA builds run there too;
@@ -28,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import ansor  # noqa: E402
-from ansor.backend import generate_source  # noqa: E402
+from ansor.backend import build_programs, generate_source  # noqa: E402
 from ansor.lower.gpu import GPUScheduleError  # noqa: E402
 from ansor.measure import MeasureErrorNo, TimingPolicy  # noqa: E402
 from ansor.measure.check import reduction_rtol  # noqa: E402
@@ -78,6 +79,18 @@ def sources_for(programs_: list, target: ansor.Target) -> tuple[list[tuple[str, 
     return sources, refused
 
 
+def accepted(programs_: list, target: ansor.Target) -> tuple[list[ansor.State], int]:
+    """The programs the target's verifier accepts, and how many it refused."""
+    states, refused = [], 0
+    for _, p in programs_:
+        try:
+            generate_source(p, target)
+            states.append(p)
+        except GPUScheduleError:
+            refused += 1
+    return states, refused
+
+
 def oclgrind_ready() -> bool:
     from ansor.measure.oclgrind import oclgrind_available
     return oclgrind_available()
@@ -119,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     failed = False
-    print(f"{'workload':32} {'sketch':>6} {'progs':>5} {'refused':>7} | {'nvcc ok':>7} {'spill':>5} {'error':>5} | "
+    print(f"{'workload':32} {'sketch':>6} {'progs':>5} {'refused':>7} | {'nvcc ok':>7} {'reprint':>7} {'spill':>5} {'error':>5} | "
           f"{'run ok':>7} {'wrong':>5} {'error':>5} | {'grind ok':>8} {'report':>6} | {'s':>5}")
     for label, name, shape, opts in SUITE:
         if args.only and name not in args.only and label not in args.only:
@@ -130,13 +143,19 @@ def main(argv: list[str] | None = None) -> int:
         small_task = make_task(name, small_shape(name, shape), target=ansor.Target.opencl(), **opts)
         drawn = programs(cl_task, args.per_sketch, args.seed)
         small = programs(small_task, args.oclgrind, args.seed)
-        counts = {"nvcc_ok": 0, "spill": 0, "nvcc_err": 0, "ok": 0, "wrong": 0, "err": 0, "grind_ok": 0, "report": 0}
+        counts = {"nvcc_ok": 0, "spill": 0, "nvcc_err": 0, "ok": 0, "wrong": 0, "err": 0, "grind_ok": 0,
+                  "report": 0, "reprinted": 0}
         messages: list[str] = []
-        cu_sources, refused = sources_for([(k, p) for k, p in drawn], cuda_task.target)
+        cu_states, refused = accepted(drawn, cuda_task.target)
+        cu_sources = [generate_source(p, cuda_task.target) for p in cu_states]
         cu_built = []
         if not args.no_nvcc:
             from ansor.measure.cuda import CudaBuilder
-            cu_built = CudaBuilder(args.arch, n_parallel=args.jobs).build([src for src, _ in cu_sources])
+            cu_programs = build_programs(cu_states, cuda_task.target,
+                                         builder=CudaBuilder(args.arch, n_parallel=args.jobs))
+            counts["reprinted"] = sum(1 for p, (first, _) in zip(cu_programs, cu_sources) if p.source != first)
+            cu_sources = [(p.source, p.entry) for p in cu_programs]
+            cu_built = [p.build for p in cu_programs]
             for res in cu_built:
                 if res.error_no == MeasureErrorNo.NO_ERROR:
                     counts["nvcc_ok"] += 1
@@ -165,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                 if log:
                     messages.append(log[:300])
         n_sketches = len({k for k, _ in drawn})
-        print(f"{label:32} {n_sketches:6} {len(drawn):5} {refused:7} | {counts['nvcc_ok']:7} {counts['spill']:5} "
+        print(f"{label:32} {n_sketches:6} {len(drawn):5} {refused:7} | {counts['nvcc_ok']:7} {counts['reprinted']:7} {counts['spill']:5} "
               f"{counts['nvcc_err']:5} | {counts['ok']:7} {counts['wrong']:5} {counts['err']:5} | "
               f"{counts['grind_ok']:8} {counts['report']:6} | {time.perf_counter() - start:5.0f}", flush=True)
         for m in messages[:3]:

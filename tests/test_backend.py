@@ -55,6 +55,58 @@ def test_a_registered_backend_serves_its_kind(monkeypatch):
     assert seen == [Capabilities(vector_bytes=8)]
 
 
+def test_a_build_that_spilled_registers_is_printed_again_until_one_builds(monkeypatch):
+    """Backend.build: a program whose build spilled registers is printed by the refit printers
+    in turn and keeps the first source that builds; other failures and unlowerable programs are
+    reported as they are, never raised."""
+    from ansor.measure.build import BuildResult
+
+    spill = {"kernel": {"registers": 255, "spill_stores": 84, "spill_loads": 84}}
+
+    class Builder:
+        def __init__(self):
+            self.batches: list[list[str]] = []
+
+        def build(self, sources):
+            self.batches.append(list(sources))
+            return [BuildResult(s, f"/lib/{s}" if s.startswith("small") or s == "fine" else None,
+                                0 if s.startswith("small") or s == "fine" else 1,
+                                "syntax error" if s == "broken" else "register spill", 0.0,
+                                None if s == "broken" else spill) for s in sources]
+
+    def printer(name):
+        return lambda func, caps: (name if func.name != "k_plain" else "fine", func.name)
+
+    def lowering_fails(func, caps):
+        if func.name == "k_bad":
+            raise RuntimeError("over the limits")
+        return func
+
+    builder = Builder()
+    toy = Backend("toy", "text", lambda t: Capabilities(), (lowering_fails,), printer("big"), builder=object,
+                  loader=object, runner=object, refit_printers=(printer("mid"), printer("small")))
+    monkeypatch.setitem(backends._BACKENDS, "toy", toy)
+    state = ansor.State(tiled_matmul()[0].dag)
+    target = ansor.Target("toy", "none", 1, 8)
+    built = backends.build_programs([state] * 3, target, ["k_big", "k_plain", "k_bad"], builder)
+    assert [p.source for p in built] == ["small", "fine", None]
+    assert built[0].ok and built[0].entry == "k_big" and built[1].ok
+    assert not built[2].ok and built[2].message == "RuntimeError: over the limits"
+    assert builder.batches == [["big", "fine"], ["mid"], ["small"]]  # only the spilled one again
+    # a failure that is not a spill is not printed again; past the last printer the spill stays
+    builder.batches.clear()
+    toy2 = Backend("toy", "text", lambda t: Capabilities(), (), printer("broken"), builder=object,
+                   loader=object, runner=object, refit_printers=(printer("big"),))
+    monkeypatch.setitem(backends._BACKENDS, "toy", toy2)
+    broken = backends.build_programs([state] * 2, target, "k", builder)
+    assert builder.batches == [["broken", "broken"]] and broken[0].message == "syntax error"
+    monkeypatch.setitem(backends._BACKENDS, "toy", Backend(
+        "toy", "text", lambda t: Capabilities(), (), printer("big"), builder=object, loader=object,
+        runner=object, refit_printers=(printer("mid"),)))
+    (spilled,) = backends.build_programs([state], target, "k", builder)
+    assert spilled.source == "mid" and not spilled.ok and spilled.message == "register spill"
+
+
 def test_cpu_lowering_makes_register_tiles_only_where_vectors_fit():
     _, s = tiled_matmul()
     tiles = [x for x in ir.walk_stmts(lower_for(s, AVX2).body) if isinstance(x, ir.RegisterTile)]

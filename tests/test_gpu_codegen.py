@@ -295,6 +295,49 @@ def test_loops_that_index_registers_are_unrolled_and_unroll_nests_count_the_copi
         assert_close(out, inputs[0].astype(np.float64) @ inputs[1], capped)
 
 
+# a conv2d_transpose program drawn for the suite (seed 1) whose 512-statement unrolled nest took
+# all 255 registers and spilled 84 bytes under nvcc 13 (sm_90)
+_SPILLING_TRANSPOSE = [
+    ["CHW", 3, "local"], ["SP", 3, 0, 1, [1, 1, 1, 1], True], ["SP", 3, 5, 4, [1, 4, 1, 1], True],
+    ["SP", 3, 10, 2, [1, 2, 1, 1], True], ["SP", 3, 15, 4, [1, 1, 1, 1], True],
+    ["SP", 3, 20, 2, [1, 1, 1, 2], True], ["SP", 3, 25, 256, [8, 4, 1, 1], True],
+    ["SP", 3, 30, 512, [2, 4], True], ["SP", 3, 33, 2, [1, 2], True], ["SP", 3, 36, 2, [2, 1], True],
+    ["RE", 3, [0, 5, 10, 15, 20, 25, 1, 6, 11, 16, 21, 26, 2, 7, 12, 17, 22, 27, 30, 33, 36, 31, 34, 37,
+               3, 8, 13, 18, 23, 28, 32, 35, 38, 4, 9, 14, 19, 24, 29]],
+    ["FSP", 4, 0, 1, 3], ["FSP", 4, 4, 2, 3], ["FSP", 4, 8, 3, 3], ["FSP", 4, 12, 4, 3], ["FSP", 4, 16, 5, 3],
+    ["FSP", 4, 20, 6, 3],
+    ["RE", 4, [0, 4, 8, 12, 16, 20, 1, 5, 9, 13, 17, 21, 2, 6, 10, 14, 18, 22, 3, 7, 11, 15, 19, 23]],
+    ["CA", 3, 4, 17], ["CHR", 2, "shared", [3]], ["CA", 3, 4, 20], ["CHR", 1, "shared", [4]], ["CA", 2, 5, 20],
+    ["CI", 1], ["FU", 6, [0, 1, 2, 3, 4, 5]], ["AN", 6, 0, "blockIdx.x"], ["FU", 6, [1, 2, 3, 4, 5, 6]],
+    ["AN", 6, 1, "vthread"], ["FU", 6, [2, 3, 4, 5, 6, 7]], ["AN", 6, 2, "threadIdx.x"], ["FU", 7, [0, 1, 2, 3]],
+    ["SP", 7, 0, 16384, [32], True], ["AN", 7, 0, "blockIdx.x"], ["AN", 7, 1, "threadIdx.x"],
+    ["FU", 2, [0, 1, 2, 3]], ["FFSP", 2, 0, [1, 2, 3, 4, 5, 6], 1, True], ["AN", 2, 1, "threadIdx.x"],
+    ["FU", 4, [0, 1, 2, 3]], ["FFSP", 4, 0, [1, 2, 3, 4, 5, 6], 1, True], ["AN", 4, 1, "threadIdx.x"],
+    ["PR", 5, 0, "auto_unroll_max_step$64"]]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_a_program_that_spills_is_built_from_a_reprint_with_shorter_unrolled_nests(tmp_path):
+    """The CUDA backend's build prints a program that spilled again with shorter unrolled nests
+    (`refit_printers`): the source kept (what a Kernel carries) compiles with no spill."""
+    from ansor.backend import build_programs
+    from ansor.measure.cuda import CudaBuilder
+    from ansor.schedule.steps import steps_from_json
+    from ansor.workloads import make_task
+
+    task = make_task("conv2d_transpose", (1, 512, 4, 4, 256, 4, 4), target=ansor.Target.cuda(), stride=2, padding=1)
+    state = ansor.State.replay(task.dag, steps_from_json(_SPILLING_TRANSPOSE))
+    builder = CudaBuilder("sm_90", cache_dir=tmp_path)
+    first, _ = generate_source(state, task.target)
+    (program,) = build_programs([state], task.target, builder=builder)
+    assert program.ok, program.message
+    assert not any(u["spill_stores"] or u["spill_loads"] for u in program.build.resources.values())
+    if builder.compile_one(first).error_no:  # nvcc spilled the first print (nvcc 13 does)
+        assert program.source != first and "#pragma unroll 1" in program.source
+    else:
+        assert program.source == first
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_neighbouring_shared_memory_reads_become_vector_loads(tmp_path):
     """Shared arrays are declared 16-byte aligned, so nvcc can read a thread's 4 neighbouring

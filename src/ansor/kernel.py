@@ -8,9 +8,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ansor.backend import backend_for, generate_source
+from ansor.backend import BuiltProgram, backend_for, build_programs
 from ansor.database import Database, Record, open_database
-from ansor.measure import (Builder, KernelLibrary, MeasureErrorNo, TimingPolicy, aligned_copy, aligned_empty,
+from ansor.measure import (Builder, KernelLibrary, TimingPolicy, aligned_copy, aligned_empty,
                            time_function)
 from ansor.measure.timing import measure_costs
 from ansor.measure.errors import DeviceUnavailableError
@@ -257,11 +257,10 @@ class _NoDevice:
 
 def compile_state(task: Task, state: State, record: Record | None = None,
                   builder: Builder | None = None) -> Kernel:
-    source, fname = generate_source(state, task.target, _entry_name(task))
-    result = (builder or backend_for(task.target).builder(task.target)).compile_one(source)
-    if result.error_no != MeasureErrorNo.NO_ERROR or result.lib_path is None:
-        raise RuntimeError(f"compiling {task.name!r} failed: {result.error_msg}")
-    return Kernel(task, state, source, fname, result.lib_path, record)
+    program = build_programs([state], task.target, _entry_name(task), builder)[0]
+    if not program.ok:
+        raise RuntimeError(f"compiling {task.name!r} failed: {program.message}")
+    return Kernel(task, state, program.source, program.entry, program.build.lib_path, record)
 
 
 def _entry_name(task: Task) -> str:
@@ -281,19 +280,18 @@ def build_many(tasks: Sequence[Task], database: Database | str | None = None,
     finally:
         if owned:
             db.close()
-    sources = [generate_source(state, task.target, _entry_name(task)) for task, (state, _) in zip(tasks, chosen)]
-    results = {}
+    built: dict[int, BuiltProgram] = {}
     for key in dict.fromkeys(t.target.key for t in tasks):  # one parallel build per target's compiler
         picked = [i for i, t in enumerate(tasks) if t.target.key == key]
-        target_builder = builder or backend_for(tasks[picked[0]].target).builder(tasks[picked[0]].target)
-        results.update(zip(picked, target_builder.build([sources[i][0] for i in picked])))
+        built.update(zip(picked, build_programs([chosen[i][0] for i in picked], tasks[picked[0]].target,
+                                                [_entry_name(tasks[i]) for i in picked], builder)))
     kernels = []
     for i, task in enumerate(tasks):
-        res = results[i]
-        if res.error_no != MeasureErrorNo.NO_ERROR or res.lib_path is None:
-            raise RuntimeError(f"compiling {task.name!r} failed: {res.error_msg}")
+        program = built[i]
+        if not program.ok:
+            raise RuntimeError(f"compiling {task.name!r} failed: {program.message}")
         state, record = chosen[i]
-        kernels.append(Kernel(task, state, sources[i][0], sources[i][1], res.lib_path, record))
+        kernels.append(Kernel(task, state, program.source, program.entry, program.build.lib_path, record))
     return kernels
 
 

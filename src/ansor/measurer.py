@@ -1,8 +1,8 @@
 """ProgramMeasurer: turn candidate programs into measured, checked results.
 
-Lowering and code generation happen here (an error there is an instantiation error record);
-compilation runs in parallel through the Builder; every kernel runs in the Runner's isolated
-worker, is checked against the task's reference outputs, and only then timed.
+Lowering, code generation and compilation (in parallel, through the Builder) happen in the
+backend's `build` (a lowering error is an instantiation error record); every kernel runs in the
+Runner's isolated worker, is checked against the task's reference outputs, and only then timed.
 
 The measurer keeps nothing: each result goes to the caller's `on_result` as soon as it exists
 (the tuner's callbacks write it to the database), so an interrupted batch loses no measurement.
@@ -15,7 +15,7 @@ import time
 from dataclasses import replace
 from typing import Callable, Sequence
 
-from ansor.backend import backend_for, generate_source
+from ansor.backend import backend_for
 from ansor.database import Record
 from ansor.measure import Builder, MeasureErrorNo, Runner, TimingPolicy
 from ansor.measure.check import reduction_rtol
@@ -44,7 +44,7 @@ class ProgramMeasurer:
         self.task = task
         self.one_repeat_factor = one_repeat_factor
         self.best_cost = best_cost  # seconds; the fastest checked program of this task so far
-        backend = backend_for(task.target)
+        self.backend = backend = backend_for(task.target)
         self.builder = builder or backend.builder(task.target)
         self.runner = runner or backend.runner(timeout=timeout, timing=timing or TimingPolicy())
         self._owns_runner = runner is None
@@ -76,43 +76,28 @@ class ProgramMeasurer:
         (a `time.time()` value) no further program is run; those left are not returned."""
         self._ensure_task()
         start = time.time()
-        sources: list[str | None] = []
-        names: list[str] = []
-        errors: list[str] = []
         if on_phase is not None:
             on_phase(PHASE_COMPILING)
-        for st in states:
-            try:
-                src, fname = generate_source(st, self.task.target, "kernel")
-                sources.append(src)
-                names.append(fname)
-                errors.append("")
-            except Exception as exc:  # a program that cannot be lowered is data, not a crash
-                sources.append(None)
-                names.append("")
-                errors.append(f"{type(exc).__name__}: {exc}")
-        to_build = [s for s in sources if s is not None]
-        built = iter(self.builder.build(to_build)) if to_build else iter(())
+        programs = self.backend.build(states, self.task.target, "kernel", self.builder)
         if on_phase is not None:
             on_phase(PHASE_MEASURING)
         results = []
-        for st, src, fname, err in zip(states, sources, names, errors):
+        for st, program in zip(states, programs):
             if deadline is not None and time.time() >= deadline:
                 break
             t0 = time.time()
-            if src is None:
-                rec = self._record(st, (), MeasureErrorNo.INSTANTIATION_ERROR, err, 0.0)
+            b = program.build
+            if b is None:
+                rec = self._record(st, (), MeasureErrorNo.INSTANTIATION_ERROR, program.error, 0.0)
+            elif not program.ok:
+                rec = self._record(st, (), b.error_no, b.error_msg, b.compile_seconds)
             else:
-                b = next(built)
-                if b.error_no != MeasureErrorNo.NO_ERROR or b.lib_path is None:
-                    rec = self._record(st, (), b.error_no, b.error_msg, b.compile_seconds)
-                else:
-                    r = self.runner.run(b.lib_path, fname, self._timing())
-                    costs = r.costs if r.error_no == MeasureErrorNo.NO_ERROR else ()
-                    if costs:
-                        self.best_cost = min(self.best_cost, r.median)
-                    rec = self._record(st, costs, r.error_no, r.error_msg,
-                                       b.compile_seconds + (time.time() - t0))
+                r = self.runner.run(b.lib_path, program.entry, self._timing())
+                costs = r.costs if r.error_no == MeasureErrorNo.NO_ERROR else ()
+                if costs:
+                    self.best_cost = min(self.best_cost, r.median)
+                rec = self._record(st, costs, r.error_no, r.error_msg,
+                                   b.compile_seconds + (time.time() - t0))
             result = MeasureResult(st, rec)
             results.append(result)
             if on_result is not None:

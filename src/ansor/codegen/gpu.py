@@ -31,6 +31,8 @@ FETCH_UNROLL = 8  # a long fetch loop is unrolled this far, no further
 MAX_UNROLLED_STATEMENTS = 1024  # copies of the innermost statement that a fully unrolled nest
                                 # may make, those of the unrolled loops around it included (the
                                 # largest auto-unroll depth): see GPUPrinter.loop
+REFIT_UNROLLED_STATEMENTS = (256, 64)  # the same limit for a program printed again because its
+                                       # build spilled registers (`Backend.refit_printers`)
 
 
 @dataclass(frozen=True)
@@ -161,8 +163,10 @@ class GPUPrinter(CLikePrinter):
 
     INDEX_TYPE = "int"
 
-    def __init__(self, func: ir.PrimFunc, dialect: Dialect):
+    def __init__(self, func: ir.PrimFunc, dialect: Dialect,
+                 max_unrolled_statements: int = MAX_UNROLLED_STATEMENTS):
         self.dialect = dialect
+        self.max_unrolled_statements = max_unrolled_statements
         self.TYPES = dialect.types
         self.RESTRICT = dialect.restrict
         self.BARRIER = dialect.barrier
@@ -214,7 +218,7 @@ class GPUPrinter(CLikePrinter):
         elif s.kind == "serial" and _indexes_registers(s):
             unrolled = True
         elif s.kind == "unrolled" or s.unroll_hint:
-            unrolled = self.copies * _nest_statements(s) <= MAX_UNROLLED_STATEMENTS
+            unrolled = self.copies * _nest_statements(s) <= self.max_unrolled_statements
             if not unrolled:
                 self.emit("#pragma unroll 1", depth)
         elif _is_long_fetch(s):
@@ -279,14 +283,15 @@ class GPUPrinter(CLikePrinter):
         return header + "\n" + fp64 + self.dialect.header + self.prelude() + text
 
 
-def print_gpu(func: ir.PrimFunc, language: str) -> tuple[str, str]:
+def print_gpu(func: ir.PrimFunc, language: str,
+              max_unrolled_statements: int = MAX_UNROLLED_STATEMENTS) -> tuple[str, str]:
     """(source, name of the first kernel) of a function of GPU kernels, in `language`
-    ("cuda" or "opencl")."""
+    ("cuda" or "opencl"); unrolled nests make at most `max_unrolled_statements` copies."""
     if language not in DIALECTS:
         raise ValueError(f"no GPU dialect {language!r}; known: {', '.join(DIALECTS)}")
     if not kernels_of(func):
         raise ValueError(f"{func.name!r} has no GPU kernels: run lower.gpu.lower_for_gpu first")
-    printer = GPUPrinter(func, DIALECTS[language])
+    printer = GPUPrinter(func, DIALECTS[language], max_unrolled_statements)
     source = printer.generate()
     return source, printer.names(printer.kernels[0], printer.kernels[0].name)
 
