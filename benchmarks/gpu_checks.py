@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     failed = False
-    print(f"{'workload':32} {'sketch':>6} {'progs':>5} {'refused':>7} | {'nvcc ok':>7} {'reprint':>7} {'spill':>5} {'error':>5} | "
+    print(f"{'workload':32} {'sketch':>6} {'progs':>5} {'refused':>7} | {'nvcc ok':>7} {'reprint':>7} "
+          f"{'spill':>5} {'error':>5} | "
           f"{'run ok':>7} {'wrong':>5} {'error':>5} | {'grind ok':>8} {'report':>6} | {'s':>5}")
     for label, name, shape, opts in SUITE:
         if args.only and name not in args.only and label not in args.only:
@@ -184,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                 if log:
                     messages.append(log[:300])
         n_sketches = len({k for k, _ in drawn})
-        print(f"{label:32} {n_sketches:6} {len(drawn):5} {refused:7} | {counts['nvcc_ok']:7} {counts['reprinted']:7} {counts['spill']:5} "
+        print(f"{label:32} {n_sketches:6} {len(drawn):5} {refused:7} | {counts['nvcc_ok']:7} "
+              f"{counts['reprinted']:7} {counts['spill']:5} "
               f"{counts['nvcc_err']:5} | {counts['ok']:7} {counts['wrong']:5} {counts['err']:5} | "
               f"{counts['grind_ok']:8} {counts['report']:6} | {time.perf_counter() - start:5.0f}", flush=True)
         for m in messages[:3]:

@@ -105,9 +105,10 @@ class Backend:
     def build(self, states: Sequence[State], target: Target, name: str | Sequence[str] = "kernel",
               builder: Any = None) -> list[BuiltProgram]:
         """Each program lowered, printed (its entry called `name`, or its own of a list of
-        names) and compiled (in parallel, by `builder` or the target's own). Never raises for a bad program: a lowering error or a failed build is in
-        its `BuiltProgram`. A build that spilled registers is printed again by
-        `refit_printers` until one builds, so the source kept is one that compiles clean."""
+        names) and compiled (in parallel, by `builder` or the target's own). Never raises for a
+        bad program: a lowering error or a failed build is in its `BuiltProgram`. A build that
+        spilled registers is printed again by `refit_printers` until one builds, so the source
+        kept is one that compiles clean."""
         builder = builder or self.builder(target)
         caps = self.capabilities(target)
         funcs: list[ir.PrimFunc | None] = []
