@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 import ansor
+from ansor import backend as backends
+from ansor.backend import backend_for
 from ansor.tuner import TUNE_DEFAULTS
 from ansor import te
 from ansor.database import Database, DatabaseError
@@ -169,20 +173,18 @@ BROKEN_C = "void kernel( {"
 def test_faults_become_error_records_and_tuning_finishes(tmp_path, monkeypatch):
     """A kernel that segfaults, hangs, computes a wrong answer or does not compile is a record
     with an error code; the job goes on and the database holds every record."""
-    import ansor.measurer as measurer_mod
-
-    real = measurer_mod.generate_source
+    task = matmul_task()
+    cpu = backend_for(task.target)
     faults = {1: SEGFAULT_C, 2: HANG_C, 3: WRONG_C, 4: BROKEN_C}
     calls = {"n": 0}
 
-    def faulty_source(state, target, name="kernel"):
+    def faulty_source(func, caps):
         calls["n"] += 1
         if calls["n"] in faults:
             return faults[calls["n"]], "kernel"
-        return real(state, target, name)
+        return cpu.printer(func, caps)
 
-    monkeypatch.setattr(measurer_mod, "generate_source", faulty_source)
-    task = matmul_task()
+    monkeypatch.setitem(backends._BACKENDS, "cpu", dataclasses.replace(cpu, printer=faulty_source))
     db_path = str(tmp_path / "faults.db")
     result = ansor.tune(task, trials=7, database=db_path, seed=3, timeout=5.0, progress=False,
                         measures_per_round=7, timing=TimingPolicy(min_repeat_ms=5.0))
@@ -201,13 +203,12 @@ def test_faults_become_error_records_and_tuning_finishes(tmp_path, monkeypatch):
 
 
 def test_unlowerable_program_is_an_instantiation_error(tmp_path, monkeypatch):
-    import ansor.measurer as measurer_mod
-
-    def broken(state, target, name="kernel"):
+    def broken(func, caps):
         raise ansor.ScheduleError("stage 'C': cannot lower this program")
 
-    monkeypatch.setattr(measurer_mod, "generate_source", broken)
     task = matmul_task()
+    cpu = backend_for(task.target)
+    monkeypatch.setitem(backends._BACKENDS, "cpu", dataclasses.replace(cpu, passes=(broken,)))
     result = ansor.tune(task, trials=2, database=str(tmp_path / "i.db"), seed=0, progress=False)
     assert result.errors == 2
     with Database(str(tmp_path / "i.db")) as db:
