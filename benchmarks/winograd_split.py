@@ -15,11 +15,12 @@ something the search knows:
      it took 0.19 ms at 56x56x64 after 150 trials, as one 0.07 ms after 64.
 
 Each task and the direct NHWC conv2d+bias+relu are tuned to the same number of records in one
-database (a rerun tops them up); the three kernels are chained on random data and checked against numpy; then the
-direct kernel and the chain are timed in turns (medians of several rounds).
+database (a rerun tops them up); the three kernels are chained on random data and checked
+against numpy; then the direct kernel and the chain are timed in turns (medians of several
+rounds).
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/winograd_split.py \\
-        --shapes 56x64 28x128 --trials 150 --database winograd.db
+        --shapes 56x64 28x128 14x256 --trials 150 --database winograd.db
 """
 
 from __future__ import annotations
