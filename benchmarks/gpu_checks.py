@@ -68,27 +68,23 @@ def programs(task: ansor.Task, per_sketch: int, seed: int) -> list[tuple[int, an
     return out
 
 
-def sources_for(programs_: list, target: ansor.Target) -> tuple[list[tuple[str, str]], int]:
-    """(source, entry) of each program the target's verifier accepts, and how many it refused."""
-    sources, refused = [], 0
+def accepted(programs_: list, target: ansor.Target) -> tuple[list[ansor.State], list[tuple[str, str]], int]:
+    """The programs the target's verifier accepts, their (source, entry) as first printed, and
+    how many it refused."""
+    states, sources, refused = [], [], 0
     for _, p in programs_:
         try:
             sources.append(generate_source(p, target))
-        except GPUScheduleError:
-            refused += 1
-    return sources, refused
-
-
-def accepted(programs_: list, target: ansor.Target) -> tuple[list[ansor.State], int]:
-    """The programs the target's verifier accepts, and how many it refused."""
-    states, refused = [], 0
-    for _, p in programs_:
-        try:
-            generate_source(p, target)
             states.append(p)
         except GPUScheduleError:
             refused += 1
-    return states, refused
+    return states, sources, refused
+
+
+def sources_for(programs_: list, target: ansor.Target) -> tuple[list[tuple[str, str]], int]:
+    """(source, entry) of each program the target's verifier accepts, and how many it refused."""
+    _, sources, refused = accepted(programs_, target)
+    return sources, refused
 
 
 def oclgrind_ready() -> bool:
@@ -147,8 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         counts = {"nvcc_ok": 0, "spill": 0, "nvcc_err": 0, "ok": 0, "wrong": 0, "err": 0, "grind_ok": 0,
                   "report": 0, "reprinted": 0}
         messages: list[str] = []
-        cu_states, refused = accepted(drawn, cuda_task.target)
-        cu_sources = [generate_source(p, cuda_task.target) for p in cu_states]
+        cu_states, cu_sources, refused = accepted(drawn, cuda_task.target)
         cu_built = []
         if not args.no_nvcc:
             from ansor.measure.cuda import CudaBuilder

@@ -78,7 +78,7 @@ def _cuda_printer(max_unrolled_statements: int = MAX_UNROLLED_STATEMENTS) -> Pri
     return lambda func, caps: print_gpu(func, "cuda", max_unrolled_statements)
 
 
-# ptxas spills a few programs' registers however the printer counts unrolled copies (2 of 1,920
+# ptxas spills a few programs' registers however the printer counts unrolled copies (2 of 3,200
 # sampled suite programs): those are printed again with shorter unrolled nests
 CUDA = Backend(kind="cuda", language="cuda", capabilities_of=gpu_capabilities, passes=(gpu_kernels,),
                printer=_cuda_printer(), builder=_cuda_builder, loader=_cuda_loader, runner=_cuda_runner,
