@@ -2,9 +2,9 @@
 
 ResNet's 3x3 stride-1 convolutions run at 95% of this machine's FMA peak (BENCHMARKS.md), and
 so do onnxruntime's: the direct form cannot pull ahead. Winograd's minimal filtering does a
-third of the multiply-adds. Tuned as one task of five stages it lost (0.99 ms against 0.69 for
-the direct form); this script measures the other cut, three tasks that each look like
-something the search knows:
+third of the multiply-adds. Tuned as one task of five stages it lost to the direct form
+(BENCHMARKS.md); this script measures the other cut, three tasks that each look like something
+the search knows:
 
   1. input transform: V[e*6+nu, p, c] = sum_r1 sum_r2 B^T[e, r1] d[tile p + (r1, r2), c] B^T[nu, r2]
      (two separable reductions of 6 over the padded NHWC input, the first one's result laid out
@@ -12,8 +12,8 @@ something the search knows:
   2. the products: M[b] = V[b] @ U[b] for the 36 positions b, with U = G g G^T the weight
      transformed once (a constant, so its layout is rewritten like any weight);
   3. output transform: Y = A^T M A per tile, gathered back to NHWC, plus bias, then ReLU, as
-     one stage (a double reduction of 6 x 6 per output): as two separable stages and a gather
-     it took 0.19 ms at 56x56x64 after 150 trials, as one 0.07 ms after 64.
+     one stage (a double reduction of 6 x 6 per output): the search did far better with it
+     than with two separable stages and a gather (BENCHMARKS.md).
 
 Each task and the direct NHWC conv2d+bias+relu are tuned to the same number of records in one
 database (a rerun tops them up); the three kernels are chained on random data and checked
@@ -72,7 +72,7 @@ def winograd_tasks(size: int, channels: int) -> tuple[ansor.Task, ansor.Task, an
     padded = pad(data, (0, 1, 1, 0), (0, extra, extra, 0), 0.0, name="pad")
     r1 = te.reduce_axis(ALPHA, name="r1")
     # the first pass's result is tile-major: one tile's 6 x 6 rows sit together for the second
-    # (0.106 ms at 56x56x64 after 150 trials, against 0.211 with the tile index third)
+    # (about twice as fast as with the tile index third: BENCHMARKS.md)
     rows = te.compute((tiles, ALPHA, ALPHA, channels), lambda p, e, col, c: te.sum(
         bt[e, r1] * padded[0, (p // tiles_side) * TILE + r1, (p % tiles_side) * TILE + col, c], axis=r1),
         name="vrows")
@@ -140,7 +140,7 @@ def run(size: int, channels: int, args) -> None:
     stage_in, stage_mm, stage_out = transform_in.bind(bt=bt32), products.bind(u=u), transform_out.bind(at=at32, bias=b)
 
     # aligned inputs and outputs allocated once: a fresh 1.8 MB output per call costs page
-    # faults that moved one stage's time from 0.15 to 1.3 ms between runs
+    # faults, which moved one stage's time several-fold between runs (BENCHMARKS.md)
     x = aligned_copy(x)
     tiles = transform_in.task.outputs[0].shape[1]
     v, m = (aligned_empty((ALPHA * ALPHA, tiles, channels), np.float32) for _ in range(2))
