@@ -169,10 +169,12 @@ class CompiledModel:
 
 
 def build_model(graph: Graph, database: Database | str | None = None, target: Target | None = None,
-                verbose: bool = True) -> CompiledModel:
+                verbose: bool = True, winograd: bool = True) -> CompiledModel:
     """Compile `graph` with the best records of `database` for its tasks (default schedules
-    for tasks without one; numpy reference kernels for subgraphs without a te form)."""
-    tasks = extract_tasks(graph, target)
+    for tasks without one; numpy reference kernels for subgraphs without a te form). With
+    `winograd` False its 3x3 convolutions stay direct (tune the model the same way, since the
+    two forms are different tasks)."""
+    tasks = extract_tasks(graph, target, winograd=winograd)
     compiled = build_many(tasks.tasks, database)
     kernels = {key: compiled[i] for key, i in tasks.task_index.items()}
     if verbose:

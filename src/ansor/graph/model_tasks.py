@@ -52,12 +52,14 @@ class ModelTasks:
         return [p for p in self.pieces if p.lowered is None and p.view_of is None]
 
 
-def extract_tasks(graph: Graph, target: Target | None = None, simplify: bool = True) -> ModelTasks:
-    """Simplify `graph` (fold batch norms and constants, drop identities), partition it and
-    lower every subgraph; identical subgraphs share one task."""
+def extract_tasks(graph: Graph, target: Target | None = None, simplify: bool = True,
+                  winograd: bool = True) -> ModelTasks:
+    """Simplify `graph` (fold batch norms and constants, drop identities, channels-last
+    convolutions, Winograd form where it pays unless `winograd` is False: `passes.simplify`),
+    partition it and lower every subgraph; identical subgraphs share one task."""
     if not isinstance(graph, Graph):
         raise TypeError(f"expected an ansor.graph.Graph, got {type(graph).__name__}")
-    g = passes.simplify(graph.copy()) if simplify else graph
+    g = passes.simplify(graph.copy(), winograd=winograd) if simplify else graph
     model = ModelTasks(g, [])
     for sub in partition(g):
         source = view_source(sub)

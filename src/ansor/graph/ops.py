@@ -18,6 +18,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ansor.te import winograd
+
 Shape = tuple[int, ...]
 
 
@@ -218,6 +220,41 @@ def _conv2d(types, attrs):
     ow = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
     _check(oh > 0 and ow > 0, f"conv2d: empty output for input {x.shape}")
     return TensorType(_in_layout(attrs, n, o, (oh, ow)), x.dtype)
+
+
+@_register("winograd_input", 2, {"tile": 4, "padding": (1, 1, 1, 1)})
+def _winograd_input(types, attrs):
+    """The first stage of a 3x3 stride-1 NHWC convolution in Winograd form (`graph.winograd`):
+    inputs (x [N, H, W, C], B^T [a, a]) with a = tile + 2, padding (top, left, bottom, right);
+    the output V [a*a, N * tiles, C] holds B^T d B of every tile d of the padded input."""
+    x, bt = types
+    tile, alpha = attrs["tile"], winograd.input_tile(attrs["tile"])
+    _check(tile in winograd.POINTS, f"winograd_input: tile {tile} (one of {sorted(winograd.POINTS)})")
+    _check(len(x.shape) == 4 and bt.shape == (alpha, alpha),
+           f"winograd_input: input {x.shape} (NHWC) and B^T {bt.shape} for tile {tile}")
+    _check(len(attrs["padding"]) == 4, f"winograd_input: padding {attrs['padding']} (top, left, bottom, right)")
+    oh, ow = winograd.output_extent(x.shape[1], x.shape[2], tuple(attrs["padding"]))
+    _check(oh > 0 and ow > 0, f"winograd_input: empty output for input {x.shape}")
+    th, tw = winograd.output_tiles(oh, ow, tile)
+    return TensorType((alpha * alpha, x.shape[0] * th * tw, x.shape[3]), x.dtype)
+
+
+@_register("winograd_output", (2, 3), {"tile": 4, "height": 1, "width": 1})
+def _winograd_output(types, attrs):
+    """The last stage of a convolution in Winograd form: inputs (M [a*a, N * tiles, K] the
+    products, A^T [tile, a][, bias [K]]); the output [N, height, width, K] is A^T M A of each
+    tile, plus the bias."""
+    m, at = types[:2]
+    tile, alpha = attrs["tile"], winograd.input_tile(attrs["tile"])
+    _check(tile in winograd.POINTS, f"winograd_output: tile {tile} (one of {sorted(winograd.POINTS)})")
+    _check(len(m.shape) == 3 and m.shape[0] == alpha * alpha and at.shape == (tile, alpha),
+           f"winograd_output: products {m.shape} and A^T {at.shape} for tile {tile}")
+    th, tw = winograd.output_tiles(attrs["height"], attrs["width"], tile)
+    _check(attrs["height"] > 0 and attrs["width"] > 0 and m.shape[1] % (th * tw) == 0,
+           f"winograd_output: {m.shape[1]} tiles for a {attrs['height']}x{attrs['width']} output")
+    if len(types) == 3:
+        _check(types[2].shape == (m.shape[2],), f"winograd_output: bias {types[2].shape} for {m.shape[2]} channels")
+    return TensorType((m.shape[1] // (th * tw), attrs["height"], attrs["width"], m.shape[2]), m.dtype)
 
 
 def _layout(attrs, op: str) -> bool:

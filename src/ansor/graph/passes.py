@@ -20,6 +20,7 @@ import numpy as np
 
 from ansor.graph.ir import Graph, Node
 from ansor.graph.layout import to_channels_last
+from ansor.graph.winograd import to_winograd
 from ansor.graph.ops import conv_padding4
 from ansor.graph.reference import run_node
 
@@ -196,19 +197,24 @@ def remove_identities(graph: Graph) -> Graph:
     return _finish(g, removed)
 
 
-def simplify(graph: Graph, channels_last: bool = True) -> Graph:
+def simplify(graph: Graph, channels_last: bool = True, winograd: bool = True) -> Graph:
     """All the inference rewrites in an order where each enables the next: constants first (a
     folded weight transpose makes a conv's weight constant), then batch norms, then identities,
     then pads into convolutions, then attention into its pieces, then constants again (a
-    removed identity can leave constant-only nodes), and last, with `channels_last`, the
-    convolutional parts of the network to NHWC (`layout.to_channels_last`)."""
+    removed identity can leave constant-only nodes); last, with `channels_last`, the
+    convolutional parts of the network to NHWC (`layout.to_channels_last`) and then, with
+    `winograd`, their 3x3 stride-1 convolutions over large images to Winograd form
+    (`winograd.to_winograd`)."""
     g = fold_constants(graph)
     g = fold_batch_norm(g)
     g = remove_identities(g)
     g = fold_pad_into_conv(g)
     g = decompose_attention(g)
     g = fold_constants(g)
-    return to_channels_last(g) if channels_last else g
+    if not channels_last:
+        return g
+    g = to_channels_last(g)
+    return to_winograd(g) if winograd else g
 
 
 def _finish(g: Graph, removed: set[str]) -> Graph:

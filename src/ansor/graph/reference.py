@@ -16,6 +16,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ansor.graph.ir import Graph, GraphError, Node
 from ansor.graph.ops import conv_padding4
+from ansor.te import winograd
 
 Kernel = Callable[[list[np.ndarray], dict[str, Any]], np.ndarray]
 KERNELS: dict[str, Kernel] = {}
@@ -176,6 +177,33 @@ def _conv2d(xs, a):
     if len(xs) == 3:
         y = y + xs[2].reshape(1, -1, 1, 1)
     return y
+
+
+@_kernel("winograd_input")
+def _winograd_input(xs, a):
+    """B^T d B of every tile d of the padded NHWC input, as [a*a, N * tiles, C]."""
+    x, bt = xs
+    tile, (pt, pl, pb, pr) = a["tile"], a["padding"]
+    alpha = winograd.input_tile(tile)
+    n, h, w, c = x.shape
+    th, tw = winograd.output_tiles(*winograd.output_extent(h, w, (pt, pl, pb, pr)), tile)
+    xp = np.pad(x, ((0, 0), (pt, th * tile + alpha - tile - h - pt), (pl, tw * tile + alpha - tile - w - pl), (0, 0)))
+    tiles = sliding_window_view(xp, (alpha, alpha), axis=(1, 2))[:, ::tile, ::tile]  # n th tw c a a
+    v = np.einsum("ei,nyxcij,fj->efnyxc", bt, tiles, bt, optimize=True)
+    return v.reshape(alpha * alpha, n * th * tw, c)
+
+
+@_kernel("winograd_output")
+def _winograd_output(xs, a):
+    """A^T M A of every tile of the products, gathered back to NHWC (plus the bias)."""
+    m, at = xs[:2]
+    tile, height, width = a["tile"], a["height"], a["width"]
+    alpha = winograd.input_tile(tile)
+    th, tw = winograd.output_tiles(height, width, tile)
+    prod = m.reshape(alpha, alpha, -1, th, tw, m.shape[2])  # e f n y x k
+    y = np.einsum("ve,efnyxk,wf->nyvxwk", at, prod, at, optimize=True)
+    y = y.reshape(prod.shape[2], th * tile, tw * tile, m.shape[2])[:, :height, :width]
+    return y + xs[2] if len(xs) == 3 else y
 
 
 @_kernel("linear")

@@ -27,6 +27,7 @@ from ansor.graph.partition import SCALAR_ELEMENTS, Subgraph, canonical_names
 from ansor.target import Target
 from ansor.task import Task
 from ansor.te import expr as E
+from ansor.te import winograd
 from ansor.te.tensor import Tensor
 
 Value = Union[Tensor, E.Expr]  # a tensor, or a literal standing for a one-element constant
@@ -247,6 +248,23 @@ def _conv2d(args: list[Value], node: Node, out: TensorType, name: str) -> Tensor
     if len(args) == 3:
         bias, conv, channels = args[2], y, (out.shape[c_axis],)
         y = te.compute(out.shape, lambda *i: conv[i] + _read(bias, (i[c_axis],), channels),
+                       name=f"{name}_bias", tag="elemwise")
+    return y
+
+
+@_lowers("winograd_input")
+def _winograd_input(args: list[Value], node: Node, out: TensorType, name: str) -> Tensor:
+    data, bt = _tensor(args[0], node, "input"), _tensor(args[1], node, "transform")
+    return winograd.winograd_input(data, bt, tuple(node.attrs["padding"]), node.attrs["tile"], name=name)
+
+
+@_lowers("winograd_output")
+def _winograd_output(args: list[Value], node: Node, out: TensorType, name: str) -> Tensor:
+    m, at = _tensor(args[0], node, "products"), _tensor(args[1], node, "transform")
+    y = winograd.winograd_output(m, at, out.shape[:3], node.attrs["tile"], name=name)
+    if len(args) == 3:
+        bias, tiles, channels = args[2], y, (out.shape[3],)
+        y = te.compute(out.shape, lambda *i: tiles[i] + _read(bias, (i[3],), channels),
                        name=f"{name}_bias", tag="elemwise")
     return y
 

@@ -28,12 +28,12 @@ MIN_MEASURES_PER_ROUND = 16
 
 def tune_model(graph: Graph | ModelTasks, trials: int = 1000, database: Database | str | None = None,
                target: Target | None = None, scheduler: str = "gradient", resume: bool = True,
-               progress: bool = True, **options: Any) -> list[TuneResult]:
+               progress: bool = True, winograd: bool = True, **options: Any) -> list[TuneResult]:
     """Tune the distinct tasks of `graph` with `trials` measurements in all (records already in
-    the database for these tasks count against them when `resume`). Further keyword options
-    go to `ansor.tune` (seed, time_budget, timeout, policy, callbacks, ...). Returns one
-    TuneResult per distinct task, in `extract_tasks` order."""
-    model = graph if isinstance(graph, ModelTasks) else extract_tasks(graph, target)
+    the database for these tasks count against them when `resume`). `winograd` as in
+    `build_model`. Further keyword options go to `ansor.tune` (seed, time_budget, timeout,
+    policy, callbacks, ...). Returns one TuneResult per distinct task, in `extract_tasks` order."""
+    model = graph if isinstance(graph, ModelTasks) else extract_tasks(graph, target, winograd=winograd)
     if not model.tasks:
         raise ValueError("tune_model: the model has no subgraph with a compiled form to tune")
     if trials < 0:
