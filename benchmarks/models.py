@@ -192,7 +192,7 @@ def bench(name: str, args) -> dict:
     module, inputs = make_model(name)
     module = module.eval()
     graph = ansor.graph.from_torch(module, inputs)
-    tasks = extract_tasks(graph)
+    tasks = extract_tasks(graph, winograd=not args.no_winograd)
     print(f"== {name}: {len(tasks.pieces)} subgraphs, {len(tasks.tasks)} distinct tasks, "
           f"{len(tasks.fallbacks)} on numpy fallback", flush=True)
     curve = None
@@ -204,7 +204,7 @@ def bench(name: str, args) -> dict:
                    time_budget=args.time_budget, progress=not args.quiet, callback=curve,
                    measures_per_round=args.per_round)
         print(f"tuned {name} in {time.time() - start:.0f} s", flush=True)
-    compiled = ansor.build(graph, database=args.database)
+    compiled = ansor.build(graph, database=args.database, winograd=not args.no_winograd)
     print(compiled.summary(), flush=True)
     x = [t.numpy() for t in inputs]
     with torch.no_grad():
@@ -275,6 +275,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--no-inductor", action="store_true", help="skip torch.compile (slow to compile)")
+    parser.add_argument("--no-winograd", action="store_true",
+                        help="keep 3x3 convolutions direct (see ansor.graph.winograd)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument("--json", help="append each model's row to this JSON-lines file")

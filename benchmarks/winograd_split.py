@@ -3,8 +3,8 @@
 ResNet's 3x3 stride-1 convolutions run at 95% of this machine's FMA peak (BENCHMARKS.md), and
 so do onnxruntime's: the direct form cannot pull ahead. Winograd's minimal filtering does a
 third of the multiply-adds. Tuned as one task of five stages it lost to the direct form
-(BENCHMARKS.md); this script measures the other cut, three tasks that each look like something
-the search knows:
+(BENCHMARKS.md); this script measures the cut `ansor.te.winograd` declares and the model pass
+`ansor.graph.winograd` uses, three tasks that each look like something the search knows:
 
   1. input transform: V[e*6+nu, p, c] = sum_r1 sum_r2 B^T[e, r1] d[tile p + (r1, r2), c] B^T[nu, r2]
      (two separable reductions of 6 over the padded NHWC input, the first one's result laid out
@@ -29,56 +29,30 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from fractions import Fraction
-
 import numpy as np
 
 import ansor
 from ansor import te
 from ansor.measure import aligned_copy, aligned_empty
-from ansor.te.ops import conv2d, pad
+from ansor.te import winograd
+from ansor.te.ops import conv2d
 
-TILE = 4           # outputs per tile side: F(4x4, 3x3)
-ALPHA = TILE + 2   # inputs per tile side
-#: Cook-Toom interpolation points of F(4, 3) (and infinity): the usual choice, whose float32
-#: rounding stays near 1e-5 of the output's RMS
-POINTS = (Fraction(0), Fraction(1), Fraction(-1), Fraction(2), Fraction(-2))
+TILE = 4
+ALPHA = winograd.input_tile(TILE)
 
 
 def winograd_matrices() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(A^T, G, B^T) of F(4, 3): 4 x 6, 6 x 3 and 6 x 6, exact (from fractions)."""
-    n = len(POINTS)
-    at = [[p ** i for p in POINTS] + [Fraction(int(i == TILE - 1))] for i in range(TILE)]
-    scale = [np.prod([POINTS[j] - POINTS[k] for k in range(n) if k != j]) for j in range(n)]
-    g = [[POINTS[j] ** k / scale[j] for k in range(3)] for j in range(n)] + [[Fraction(0), Fraction(0), Fraction(1)]]
-    bt = []
-    for j in range(n + 1):
-        poly = [Fraction(1)]  # prod over k != j of (x - p_k), lowest coefficient first
-        for k in range(n):
-            if k != j:
-                poly = [(poly[i - 1] if i else 0) - (poly[i] * POINTS[k] if i < len(poly) else 0)
-                        for i in range(len(poly) + 1)]
-        bt.append(poly + [Fraction(0)] * (ALPHA - len(poly)))
-    return tuple(np.array(m, dtype=np.float64) for m in (at, g, bt))  # type: ignore[return-value]
+    """(A^T, G, B^T) of F(4, 3)."""
+    return winograd.winograd_matrices(TILE)
 
 
 def winograd_tasks(size: int, channels: int) -> tuple[ansor.Task, ansor.Task, ansor.Task]:
-    """The three tasks of a size x size x channels -> channels convolution (padding 1)."""
-    tiles_side = -(-size // TILE)
-    tiles = tiles_side * tiles_side
+    """The three tasks of a size x size x channels -> channels convolution (padding 1), the
+    stages `ansor.graph.winograd` puts in a model."""
+    tiles = int(np.prod(winograd.output_tiles(size, size, TILE)))
     data = te.placeholder((1, size, size, channels), "float32", name="data")
     bt = te.placeholder((ALPHA, ALPHA), "float32", name="bt", constant=True)
-    extra = tiles_side * TILE + 1 - size
-    padded = pad(data, (0, 1, 1, 0), (0, extra, extra, 0), 0.0, name="pad")
-    r1 = te.reduce_axis(ALPHA, name="r1")
-    # the first pass's result is tile-major: one tile's 6 x 6 rows sit together for the second
-    # (about twice as fast as with the tile index third: BENCHMARKS.md)
-    rows = te.compute((tiles, ALPHA, ALPHA, channels), lambda p, e, col, c: te.sum(
-        bt[e, r1] * padded[0, (p // tiles_side) * TILE + r1, (p % tiles_side) * TILE + col, c], axis=r1),
-        name="vrows")
-    r2 = te.reduce_axis(ALPHA, name="r2")
-    v = te.compute((ALPHA * ALPHA, tiles, channels), lambda b, p, c: te.sum(
-        rows[p, b // ALPHA, r2, c] * bt[b % ALPHA, r2], axis=r2), name="v")
+    v = winograd.winograd_input(data, bt, (1, 1, 1, 1), TILE, name="v")
     transform_in = ansor.Task([data, bt, v], name="winograd_input")
 
     v_in = te.placeholder((ALPHA * ALPHA, tiles, channels), "float32", name="v")
@@ -91,10 +65,7 @@ def winograd_tasks(size: int, channels: int) -> tuple[ansor.Task, ansor.Task, an
     m_in = te.placeholder((ALPHA * ALPHA, tiles, channels), "float32", name="m")
     at = te.placeholder((TILE, ALPHA), "float32", name="at", constant=True)
     bias = te.placeholder((channels,), "float32", name="bias", constant=True)
-    r3, r4 = te.reduce_axis(ALPHA, name="r3"), te.reduce_axis(ALPHA, name="r4")
-    y = te.compute((1, size, size, channels), lambda n, yy, xx, k: te.sum(
-        at[yy % TILE, r3] * at[xx % TILE, r4] * m_in[r3 * ALPHA + r4, (yy // TILE) * tiles_side + xx // TILE, k],
-        axis=[r3, r4]), name="y")
+    y = winograd.winograd_output(m_in, at, (1, size, size), TILE, name="y")
     out = te.compute(y.shape, lambda n, yy, xx, k: te.maximum(y[n, yy, xx, k] + bias[k], 0.0), name="out")
     transform_out = ansor.Task([m_in, at, bias, out], name="winograd_output")
     return transform_in, products, transform_out
@@ -129,13 +100,12 @@ def run(size: int, channels: int, args) -> None:
             ansor.tune(task, trials=trials, database=args.database, progress=False, seed=args.seed)
     direct, transform_in, products, transform_out = (ansor.build(t, database=args.database) for t in tasks)
 
-    at, g, bt = winograd_matrices()
+    at, _, bt = winograd_matrices()
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, size, size, channels)).astype(np.float32)
     w = (rng.standard_normal((3, 3, channels, channels)) / np.sqrt(9 * channels)).astype(np.float32)
     b = rng.standard_normal(channels).astype(np.float32)
-    u = np.einsum("ar,rsck,bs->abck", g, w.astype(np.float64), g).reshape(ALPHA * ALPHA, channels, channels)
-    u, at32, bt32 = u.astype(np.float32), at.astype(np.float32), bt.astype(np.float32)
+    u, at32, bt32 = winograd.transform_weight(w, TILE), at.astype(np.float32), bt.astype(np.float32)
     fast = direct.bind(weight=w, bias=b)
     stage_in, stage_mm, stage_out = transform_in.bind(bt=bt32), products.bind(u=u), transform_out.bind(at=at32, bias=b)
 

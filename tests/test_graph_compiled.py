@@ -301,3 +301,48 @@ def test_a_bert_layer_compiled_through_every_door_matches_eager(door, tmp_path):
     compiled = ansor.build(graph, database=db, verbose=False)
     assert sum(s.kind == "kernel" for s in compiled.steps) > 5
     assert rel_err(compiled(*[x.numpy() for x in inputs]), want) < TOLERANCE
+
+
+class WinogradNet(nn.Module):
+    """Two 3x3 convolutions over an 18x18 image (25 4x4 tiles, the last ones overhanging):
+    the Winograd form's size, with batch norm, a residual add and a global pool around them."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.fc = nn.Linear(8, 10)
+        self.bn.running_mean.uniform_(-1, 1)
+        self.bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.c1(x)))
+        y = torch.relu(self.c2(y) + y)
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(y, 1), 1))
+
+
+@pytest.mark.parametrize("door", ["from_torch", "from_onnx", "torch.compile"])
+def test_a_cnn_with_winograd_convolutions_compiled_through_every_door_matches_eager(door, tmp_path):
+    torch.manual_seed(1)
+    model, x = WinogradNet().eval(), torch.randn(1, 3, 18, 18)
+    with torch.no_grad():
+        want = model(x).numpy()
+    db = str(tmp_path / "empty.db")
+    if door == "torch.compile":
+        torch._dynamo.reset()
+        with torch.no_grad():
+            got = torch.compile(model, backend="ansor", options={"database": db, "verbose": False})(x)
+        torch._dynamo.reset()
+        assert rel_err(got.numpy(), want) < TOLERANCE
+        return
+    if door == "from_torch":
+        graph = ansor.graph.from_torch(model, (x,))
+    else:
+        pytest.importorskip("onnx")
+        path = tmp_path / "cnn.onnx"
+        torch.onnx.export(model, (x,), str(path), dynamo=True)
+        graph = ansor.graph.from_onnx(str(path))
+    compiled = ansor.build(graph, database=db, verbose=False)
+    assert [n.op for n in compiled.graph.nodes].count("winograd_output") == 2
+    assert rel_err(compiled(x.numpy()), want) < TOLERANCE

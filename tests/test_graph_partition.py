@@ -243,6 +243,21 @@ def test_resnet18_partition(resnet18):
     assert residual and all(n == 2 for _, n in residual)
 
 
+def test_resnet18_with_winograd_convolutions_computes_the_same(resnet18):
+    """The 16x16 stage's 3x3 convolutions (16 tiles each) take the Winograd form; the model's
+    function is kept, each output transform absorbs its ReLU or residual add + ReLU, and every
+    task computes what its ops compute."""
+    graph, inputs = resnet18
+    simple = passes.simplify(graph)
+    outputs = [n for n in simple.nodes if n.op == "winograd_output"]
+    assert len(outputs) == 4 and all(n.attrs["height"] == 16 for n in outputs)
+    assert_same_function(graph, simple, inputs)
+    subs, fell_back = check_tasks(simple, inputs)
+    assert not fell_back
+    epilogues = sorted(tuple(s.ops) for s in subs if s.ops[0] == "winograd_output")
+    assert epilogues == [("winograd_output", "add", "relu")] * 2 + [("winograd_output", "relu")] * 2
+
+
 def test_identical_subgraphs_share_the_task(resnet18):
     subs = partition(passes.simplify(resnet18[0]))
     by_key: dict[str, list] = {}

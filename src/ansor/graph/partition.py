@@ -5,7 +5,8 @@ bias, activation and residual add is one kernel, so the elementwise work happens
 convolution's output is still in registers instead of in a pass over memory of its own. The
 rules are those of TVM's operator fusion, kept simple:
 
-* an *anchor* (conv2d, linear, matmul, a reduction or normalization, pooling) starts a subgraph
+* an *anchor* (conv2d, linear, matmul, a reduction or normalization, pooling, the transforms
+  of a Winograd convolution) starts a subgraph
   and absorbs the injective (elementwise or broadcasting) ops that follow it, as long as each
   value in the chain has exactly one reader and is not a graph output, so no intermediate has
   to be written out for someone else;
