@@ -12,10 +12,17 @@ from ansor.graph.ir import Graph
 from ansor.graph.layout import to_channels_last
 from ansor.graph.model_tasks import extract_tasks
 from ansor.graph.reference import run_graph
+from ansor.graph import winograd as graph_winograd
 from ansor.graph.winograd import to_winograd
 from ansor.te import winograd
 from helpers import rel_err
 from test_graph_partition import assert_same_function, check_tasks, rand
+
+
+@pytest.fixture(autouse=True)
+def _small_images_take_the_winograd_form(monkeypatch):
+    """The graphs here are small: 16 tiles are enough (the default asks for more)."""
+    monkeypatch.setattr(graph_winograd, "MIN_TILES", 16)
 
 
 @pytest.mark.parametrize("tile", sorted(winograd.POINTS))

@@ -8,9 +8,12 @@ transformed once here (a constant [36, C, K], so its layout is rewritten like an
 `winograd_output` (the output transform with the bias; the ReLU or residual add after it fuse
 into that task as its injective consumers).
 
-It pays where the image has many 4x4 output tiles. The transformed weight is 4x the size of the
-original and is read once per call, so a deep layer with few tiles turns from compute-bound to
-memory-bound: `MIN_TILES` draws that line (measured in BENCHMARKS.md).
+It pays where the image has many 4x4 output tiles. The products read the transformed weight,
+4x the size of the original, once per call and do tiles/2 floating-point operations per byte of
+it, so a deep layer with few tiles turns from compute-bound to memory-bound: `MIN_TILES` draws
+that line. In ResNet-18 (BENCHMARKS.md) the 28x28 layers (49 tiles) ran their products at the
+speed of a hot cache and gained 1.9x; at 14x14 (16 tiles) the products took twice as long in
+the model as alone, and the layer gained 8%.
 """
 
 from __future__ import annotations
@@ -23,12 +26,14 @@ from ansor.te import winograd
 
 TILE = 4  # F(4x4, 3x3)
 #: fewest 4x4 output tiles (over the batch) for which a convolution takes the Winograd form
-MIN_TILES = 16
+#: (the products then do at least 16 operations per byte of the transformed weight)
+MIN_TILES = 32
 
 
-def to_winograd(graph: Graph, tile: int = TILE, min_tiles: int = MIN_TILES) -> Graph:
-    """The graph with every eligible convolution (`eligible`) in Winograd form; the graph
-    itself if none is."""
+def to_winograd(graph: Graph, tile: int = TILE, min_tiles: int | None = None) -> Graph:
+    """The graph with every eligible convolution (`eligible`; `min_tiles` defaults to
+    `MIN_TILES`) in Winograd form; the graph itself if none is."""
+    min_tiles = MIN_TILES if min_tiles is None else min_tiles
     targets = [n for n in graph.nodes if eligible(graph, n, tile, min_tiles)]
     if not targets:
         return graph
