@@ -4,8 +4,6 @@
     python benchmarks/pretrain.py collect --database corpus.db --trials 64 --random 24
     # leave-workloads-out evaluation, and the model that ships (into src/ansor/costmodel/pretrained)
     python benchmarks/pretrain.py train --databases corpus.db models.db --folds 5 --install
-    # the best programs of every corpus workload, shipped for workloads of the same structure
-    python benchmarks/pretrain.py programs --databases corpus.db models.db --install
 
 The corpus: the fused subgraphs of ResNet-18, MobileNet-V2 and a BERT layer (as `ansor tune`
 sees them), and operators of every family of the suite at random shapes. The suite's own
@@ -241,35 +239,6 @@ def cmd_train(args) -> None:
         print(f"installed {path} ({path.stat().st_size / 1e6:.1f} MB)")
 
 
-def cmd_programs(args) -> None:
-    """The best `--per-workload` programs of every workload in the databases (held-out shapes
-    excepted), written as the package's shipped programs (`ansor.search.shape_transfer`)."""
-    from ansor.costmodel.pretrained import save_programs
-
-    held_out = {make_task(name, shape).workload_key for name, shape in HELD_OUT}
-    programs, seen, target_key = [], set(), args.target
-    for path in args.databases:
-        with Database(path, create=False) as db:
-            key = args.target or db.target_keys()[0]
-            target_key = target_key or key
-            for workload in db.workload_keys():
-                entry = db.workload(workload)
-                stages = (entry or {}).get("description", {}).get("stages")
-                if workload in seen or workload in held_out or not stages:
-                    continue
-                best = db.best(workload, key, k=args.per_workload)
-                if best:
-                    seen.add(workload)
-                    programs += [{"workload": workload, "stages": stages, "steps": r.to_dict()["steps"]}
-                                 for r in best]
-    print(f"{len(programs)} programs of {len(seen)} workloads on {target_key}")
-    if args.install:
-        info = {"commit": commit(), "date": datetime.date.today().isoformat(), "machine": machine(),
-                "target": target_key, "workloads": len(seen), "databases": [Path(p).name for p in args.databases]}
-        path = save_programs(programs, info)
-        print(f"installed {path} ({path.stat().st_size / 1e6:.2f} MB)")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -287,13 +256,8 @@ def main() -> None:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--json", help="write the provenance and scores here too")
     t.add_argument("--install", action="store_true", help="write the model into the package")
-    p = sub.add_parser("programs", help="ship the best programs of each corpus workload")
-    p.add_argument("--databases", nargs="+", required=True)
-    p.add_argument("--target", default=None, help="target key (default: each database's first)")
-    p.add_argument("--per-workload", type=int, default=3, help="programs per workload (default 3)")
-    p.add_argument("--install", action="store_true", help="write them into the package")
     args = parser.parse_args()
-    {"collect": cmd_collect, "train": cmd_train, "programs": cmd_programs}[args.command](args)
+    {"collect": cmd_collect, "train": cmd_train}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -20,11 +20,8 @@ from ansor.measure import TimingPolicy, check_compiler
 from ansor.measurer import ProgramMeasurer
 from ansor.replay import replay_records
 from ansor.schedule.state import State
-from ansor.schedule.steps import steps_from_json
 from ansor.search.policy import SearchPolicy
 from ansor.search.retarget import retarget_vector_width
-from ansor.search.shape_transfer import borrowed_programs
-from ansor.search.sketch_policy import SketchPolicy
 from ansor.search.scheduler import TaskScheduler, make_scheduler
 from ansor.target import Target
 from ansor.task import Task
@@ -49,8 +46,6 @@ FIRST_ROUND = 4                # programs in the first of them; larger jobs keep
                                # (both measured in BENCHMARKS.md)
 MIN_TRANSFER_PROGRAMS = 64     # fewer than this: not worth starting from
 TRANSFER_CANDIDATES = 8        # best programs of another target measured first (transfer_from)
-BORROWED_CANDIDATES = 6        # programs of workloads alike in structure, other shapes, measured first
-                               # in a job on a workload with no record (ranked by the model)
 
 POLICIES = ("sketch.xgb", "sketch.random", "basic")
 
@@ -71,6 +66,8 @@ def make_policy(policy: str | SearchPolicy, task: Task, seed: int | None,
     if isinstance(policy, SearchPolicy):
         return policy
     if policy in ("sketch.xgb", "sketch.random"):
+        from ansor.search.sketch_policy import SketchPolicy
+
         if policy == "sketch.xgb" and cost_model is None:
             from ansor.costmodel.model import XGBModel
 
@@ -300,9 +297,6 @@ def _make_tuners(tasks: Sequence[Task], db: Database, policy: str | SearchPolicy
                 task_policy.preload(db.records(task.workload_key, task.target.key))
             for key in from_targets:
                 tuner.add_candidates(transferred_programs(task, db, key))
-            if not tuner.measured_keys and isinstance(task_policy, SketchPolicy) and task_policy.cost_model is not None:
-                tuner.add_candidates(ranked_borrowed_programs(task, db, task_policy, pretrained,
-                                                              from_database=transfer_programs > 0))
             tuner.start()
     except BaseException:
         for tuner in tuners:
@@ -326,40 +320,6 @@ def transferred_programs(task: Task, db: Database, source_key: str, k: int = TRA
                                          more_registers if rest == 0 and more_registers > 1 else 1)[:1]
         out.append(state)
     return out
-
-
-def ranked_borrowed_programs(task: Task, db: Database, policy: SketchPolicy, pretrained: bool | None,
-                             from_database: bool = True, k: int = BORROWED_CANDIDATES) -> list[State]:
-    """The `k` programs the model ranks best among those of other workloads of the same
-    structure (`search.shape_transfer`) refitted to this task's shapes: from the database's
-    other workloads when `from_database`, and from the package's shipped programs unless
-    `pretrained` is False."""
-    from ansor.costmodel.pretrained import enabled_by_default, shipped_programs
-
-    sources = list(_database_programs(db, task)) if from_database else []
-    if pretrained if pretrained is not None else enabled_by_default():
-        sources += shipped_programs(task.target)
-    states = borrowed_programs(task.dag, sources)
-    if len(states) <= k:
-        return states
-    scores = policy.score(states)
-    order = sorted(range(len(states)), key=lambda i: -scores[i])
-    return [states[i] for i in order[:k]]
-
-
-def _database_programs(db: Database, task: Task, per_workload: int = 3):
-    """(stage names, steps) of the best programs of the database's other workloads on the
-    task's target whose stages are named like the task's."""
-    names = list(task.dag.names)
-    for key in db.workload_keys():
-        entry = db.workload(key) if key != task.workload_key else None
-        if entry is None or (entry.get("description") or {}).get("stages") != names:
-            continue
-        for record in db.best(key, task.target.key, k=per_workload):
-            try:
-                yield names, tuple(steps_from_json(record.steps))
-            except (ValueError, TypeError, KeyError):
-                continue
 
 
 def _described_target(db: Database, target_key: str) -> Target | None:

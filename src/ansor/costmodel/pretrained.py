@@ -17,7 +17,6 @@ from typing import Any
 
 from ansor.costmodel.features import FEATURE_COUNT
 from ansor.costmodel.model import XGBModel
-from ansor.schedule.steps import steps_from_json
 from ansor.target import Target
 
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
@@ -81,36 +80,4 @@ def save_pretrained(model: XGBModel, info: dict[str, Any], kind: str = "cpu") ->
     path = model_file(kind)
     model.save(path)
     provenance_file(kind).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-    return path
-
-
-def programs_file(kind: str = "cpu") -> Path:
-    return PRETRAINED_DIR / f"{kind}.programs.json"
-
-
-def shipped_programs(target: Target) -> list[tuple[tuple[str, ...], tuple[Any, ...]]]:
-    """The best programs of the training corpus, as (stage names of their workload, steps) with
-    each workload's best first: a new workload of the same structure starts from them
-    (`ansor.search.shape_transfer`). Empty when the package has none for `target`'s kind."""
-    path = programs_file(target.kind)
-    try:
-        stat = path.stat()
-    except OSError:
-        return []
-    return _parsed_programs(str(path), stat.st_mtime_ns, stat.st_size)
-
-
-@lru_cache(maxsize=4)
-def _parsed_programs(path: str, mtime_ns: int, size: int) -> list[tuple[tuple[str, ...], tuple[Any, ...]]]:
-    try:
-        entries = json.loads(Path(path).read_text())["programs"]
-        return [(tuple(e["stages"]), tuple(steps_from_json(e["steps"]))) for e in entries]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
-
-
-def save_programs(programs: list[dict[str, Any]], info: dict[str, Any], kind: str = "cpu") -> Path:
-    """Write the shipped programs (dicts with "workload", "stages", "steps") into the package."""
-    path = programs_file(kind)
-    path.write_text(json.dumps({**info, "programs": programs}, separators=(",", ":")) + "\n")
     return path
