@@ -128,41 +128,47 @@ def test_a_kernel_sequence_refuses_calls_with_more_arguments_than_it_dispatches(
     assert f"case {MAX_ARGUMENTS}:" in sequence_source() and f"case {MAX_ARGUMENTS + 1}:" not in sequence_source()
 
 
-def test_exported_library_runs_from_c_like_the_python_callable(small_net, tmp_path):
-    model, x, want = small_net
-    compiled = ansor.build(ansor.graph.from_torch(model, (x,)), database=str(tmp_path / "empty.db"),
-                           verbose=False)
-    lib = compiled.export_library(str(tmp_path / "small_net.so"))
-    header = (tmp_path / "small_net.h").read_text()
-    assert "small_net_run" in header and "[1x3x8x8]" in header
+def run_from_c(compiled, name: str, x: np.ndarray, n_out: int, tmp_path) -> np.ndarray:
+    """Export `compiled` as lib`name`.so, call it twice from a small C program on `x` (its one
+    float32 input) and return the `n_out` floats of its one output."""
+    lib = compiled.export_library(str(tmp_path / f"{name}.so"))
+    assert f"{name}_run" in (tmp_path / f"{name}.h").read_text()
     program = tmp_path / "main.c"
-    program.write_text(textwrap.dedent("""\
+    program.write_text(textwrap.dedent(f"""\
         #include <stdio.h>
-        #include "small_net.h"
-        int main(int argc, char** argv) {
-          static float x[1 * 3 * 8 * 8], y[10];
+        #include "{name}.h"
+        int main(int argc, char** argv) {{
+          static float x[{x.size}], y[{n_out}];
           FILE* f = fopen(argv[1], "rb");
           if (!f || fread(x, sizeof x, 1, f) != 1) return 3;
           fclose(f);
-          small_net_model* m = small_net_create();
+          {name}_model* m = {name}_create();
           if (!m) return 2;
-          const void* inputs[SMALL_NET_NUM_INPUTS] = {x};
-          void* outputs[SMALL_NET_NUM_OUTPUTS] = {y};
-          small_net_run(m, inputs, outputs);
-          small_net_run(m, inputs, outputs);
-          small_net_destroy(m);
-          for (int i = 0; i < 10; ++i) printf("%.9g\\n", y[i]);
+          const void* inputs[{name.upper()}_NUM_INPUTS] = {{x}};
+          void* outputs[{name.upper()}_NUM_OUTPUTS] = {{y}};
+          {name}_run(m, inputs, outputs);
+          {name}_run(m, inputs, outputs);
+          {name}_destroy(m);
+          for (int i = 0; i < {n_out}; ++i) printf("%.9g\\n", y[i]);
           return 0;
-        }
+        }}
         """))
     exe = tmp_path / "main"
     subprocess.run(["gcc", "-O1", str(program), f"-I{tmp_path}", lib, f"-Wl,-rpath,{tmp_path}", "-o", str(exe)],
                    check=True)
-    x.numpy().tofile(tmp_path / "x.bin")
+    x.astype(np.float32).tofile(tmp_path / "x.bin")
     run = subprocess.run([str(exe), str(tmp_path / "x.bin")], capture_output=True, text=True, check=True)
-    from_c = np.array([float(v) for v in run.stdout.split()], np.float32).reshape(1, 10)
-    np.testing.assert_allclose(from_c, compiled(x.numpy()), rtol=0, atol=1e-6)
-    assert rel_err(from_c, want) < TOLERANCE
+    return np.array([float(v) for v in run.stdout.split()], np.float32)
+
+
+def test_exported_library_runs_from_c_like_the_python_callable(small_net, tmp_path):
+    model, x, want = small_net
+    compiled = ansor.build(ansor.graph.from_torch(model, (x,)), database=str(tmp_path / "empty.db"),
+                           verbose=False)
+    from_c = run_from_c(compiled, "small_net", x.numpy(), 10, tmp_path)
+    assert "[1x3x8x8]" in (tmp_path / "small_net.h").read_text()
+    np.testing.assert_allclose(from_c, compiled(x.numpy()).ravel(), rtol=0, atol=1e-6)
+    assert rel_err(from_c.reshape(want.shape), want) < TOLERANCE
 
 
 class Masked(nn.Module):
@@ -348,3 +354,6 @@ def test_a_cnn_with_winograd_convolutions_compiled_through_every_door_matches_ea
     compiled = ansor.build(graph, database=db, verbose=False)
     assert [n.op for n in compiled.graph.nodes].count("winograd_output") == 2
     assert rel_err(compiled(x.numpy()), want) < TOLERANCE
+    if door == "from_torch":  # the transformed weights travel into the C library too
+        from_c = run_from_c(compiled, "winograd_net", x.numpy(), 10, tmp_path)
+        np.testing.assert_allclose(from_c, compiled(x.numpy()).ravel(), rtol=0, atol=1e-6)
