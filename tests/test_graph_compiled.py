@@ -264,6 +264,24 @@ def test_cli_tune_model_then_run_model_on_an_onnx_file(tmp_path):
     assert missing.returncode == 2 and "no such file" in missing.stderr
 
 
+def test_cli_run_model_keeps_convolutions_direct_when_told(tmp_path):
+    """A 3x3 convolution over 24x24 (36 tiles) runs in Winograd form unless --no-winograd."""
+    pytest.importorskip("onnx")
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.ReLU()).eval()
+    path = tmp_path / "m.onnx"
+    torch.onnx.export(model, (torch.randn(1, 4, 24, 24),), str(path), dynamo=True)
+    ansor.Database(str(tmp_path / "empty.db")).close()  # run-model reads an existing database
+    cli = [sys.executable, "-m", "ansor.cli", "run-model", str(path), "--database", str(tmp_path / "empty.db"),
+           "--rounds", "1"]
+    summaries = []
+    for flags in ([], ["--no-winograd"]):
+        ran = subprocess.run([*cli, *flags], capture_output=True, text=True)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        summaries.append(ran.stdout)
+    assert "winograd_output" in summaries[0] and "winograd" not in summaries[1]
+
+
 def _small_bert():
     transformers = pytest.importorskip("transformers")
     config = transformers.BertConfig(num_hidden_layers=1, hidden_size=64, num_attention_heads=4,

@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     tm.add_argument("--seed", type=int, default=None, help="random seed of the search (default: none)")
     tm.add_argument("--timeout", type=float, default=10.0, help="seconds before a kernel counts as hung (default 10)")
     tm.add_argument("--quiet", action="store_true", help="no progress display (default: show it)")
+    tm.add_argument("--no-winograd", action="store_true",
+                    help="keep 3x3 convolutions direct (default: Winograd form over large images; "
+                         "run-model must be told the same)")
 
     rm = sub.add_parser("run-model", help="run an ONNX model with its tuned kernels, checked and timed",
                         description="Build an ONNX model with the best records of the database (untuned "
@@ -133,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("--database", help=DATABASE_HELP)
     rm.add_argument("--rounds", type=int, default=7, help="timing rounds, in turns with onnxruntime (default 7)")
     rm.add_argument("--profile", action="store_true", help="also print the time of every subgraph (default: off)")
+    rm.add_argument("--no-winograd", action="store_true",
+                    help="keep 3x3 convolutions direct, as tune-model --no-winograd tuned them (default: "
+                         "Winograd form over large images)")
 
     cp = sub.add_parser("compare", help="ansor beside numpy, PyTorch and onnxruntime: one table, timed in turns",
                         description="Build a named workload's best program (a quick search first when the "
@@ -499,7 +505,7 @@ def cmd_tune_model(args) -> int:
         raise ValueError("--trials must be >= 0")
     if args.time_budget is not None and args.time_budget <= 0:
         raise ValueError("--time-budget must be a positive number of seconds")
-    model = extract_tasks(_load_model(args.model))
+    model = extract_tasks(_load_model(args.model), winograd=not args.no_winograd)
     db_path = args.database or str(ansor.default_database_path())
     console.print(f"[bold]ansor[/] tuning [cyan]{args.model}[/]: {len(model.pieces)} subgraphs, "
                   f"{len(model.tasks)} distinct tasks, {len(model.fallbacks)} on numpy fallback; "
@@ -540,7 +546,7 @@ def cmd_run_model(args) -> int:
     graph = _load_model(args.model)
     db_path = args.database or str(ansor.default_database_path())
     with Database(db_path, create=False) as db:
-        compiled = ansor.build(graph, database=db)
+        compiled = ansor.build(graph, database=db, winograd=not args.no_winograd)
     console.print(compiled.summary())
     rng = np.random.default_rng(0)
     inputs = [_random_input(rng, graph.types[name]) for name in graph.inputs]
