@@ -20,9 +20,9 @@ import numpy as np
 
 from ansor.graph.ir import Graph, Node
 from ansor.graph.layout import to_channels_last
-from ansor.graph.winograd import to_winograd
 from ansor.graph.ops import conv_padding4
 from ansor.graph.reference import run_node
+from ansor.graph.winograd import to_winograd
 
 #: A folded constant larger than this is left to run as a node: folding an `expand` of a
 #: scalar into a big array trades a cheap kernel for memory held for the model's lifetime.

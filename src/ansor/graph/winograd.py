@@ -1,9 +1,9 @@
 """Winograd form for the 3x3 stride-1 convolutions of a channels-last graph.
 
-Tuned direct convolutions already run ResNet's 3x3 layers at about 95% of the FMA peak, and so
-does onnxruntime: only doing less arithmetic pulls ahead. Winograd F(4x4, 3x3) (`te.winograd`)
-does 36 products per 16 outputs instead of 144. Each eligible conv2d becomes three graph ops,
-each its own task: `winograd_input` (the input transform), a batched `matmul` with the weight
+Tuned direct convolutions run ResNet's 3x3 layers close to the FMA peak, and so does
+onnxruntime: only doing less arithmetic pulls ahead. Winograd F(4x4, 3x3) (`te.winograd`) does
+36 products per 16 outputs instead of 144. Each eligible conv2d becomes three graph ops, each
+its own task: `winograd_input` (the input transform), a batched `matmul` with the weight
 transformed once here (a constant [36, C, K], so its layout is rewritten like any weight), and
 `winograd_output` (the output transform with the bias; the ReLU or residual add after it fuse
 into that task as its injective consumers).
@@ -11,9 +11,8 @@ into that task as its injective consumers).
 It pays where the image has many 4x4 output tiles. The products read the transformed weight,
 4x the size of the original, once per call and do tiles/2 floating-point operations per byte of
 it, so a deep layer with few tiles turns from compute-bound to memory-bound: `MIN_TILES` draws
-that line. In ResNet-18 (BENCHMARKS.md) the 28x28 layers (49 tiles) ran their products at the
-speed of a hot cache and gained 1.9x; at 14x14 (16 tiles) the products took twice as long in
-the model as alone, and the layer gained 8%.
+that line (in ResNet-18 the 56x56 and 28x28 layers gained much, the 14x14 ones little:
+BENCHMARKS.md).
 """
 
 from __future__ import annotations
