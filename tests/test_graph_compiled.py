@@ -356,11 +356,13 @@ def test_a_cnn_with_winograd_convolutions_compiled_through_every_door_matches_ea
         want = model(x).numpy()
     db = str(tmp_path / "empty.db")
     if door == "torch.compile":
+        for winograd in (True, False):
+            torch._dynamo.reset()
+            with torch.no_grad():
+                got = torch.compile(model, backend="ansor",
+                                    options={"database": db, "verbose": False, "winograd": winograd})(x)
+            assert rel_err(got.numpy(), want) < TOLERANCE
         torch._dynamo.reset()
-        with torch.no_grad():
-            got = torch.compile(model, backend="ansor", options={"database": db, "verbose": False})(x)
-        torch._dynamo.reset()
-        assert rel_err(got.numpy(), want) < TOLERANCE
         return
     if door == "from_torch":
         graph = ansor.graph.from_torch(model, (x,))

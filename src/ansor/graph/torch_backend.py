@@ -15,7 +15,8 @@ compute values only, so inference should run under `torch.no_grad()` or `torch.i
 
 Options (`torch.compile(m, backend="ansor", options={...})`): `database` (path or Database;
 default: the default database), `trials` (tune the graph's tasks first with this many
-measurements; default 0), `verbose` (say what runs where; default True).
+measurements; default 0), `verbose` (say what runs where; default True), `winograd` (False
+keeps 3x3 convolutions direct; default True, see `ansor.graph.winograd`).
 """
 
 from __future__ import annotations
@@ -34,15 +35,17 @@ def ansor_backend(gm: Any, example_inputs: Sequence[Any], options: dict | None =
     database = opts.pop("database", None)
     trials = int(opts.pop("trials", 0))
     verbose = bool(opts.pop("verbose", True))
+    winograd = bool(opts.pop("winograd", True))
     if opts:
         raise TypeError(f"ansor backend: unknown options {', '.join(sorted(opts))} "
-                        f"(known: database, trials, verbose)")
+                        f"(known: database, trials, verbose, winograd)")
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     weight_positions = [i for i, (node, x) in enumerate(zip(placeholders, example_inputs))
                         if isinstance(x, torch.nn.Parameter) or any(m in node.name for m in _WEIGHT_MARKERS)]
     activation_positions = [i for i in range(len(example_inputs)) if i not in set(weight_positions)]
     try:
-        compiled = _compile(gm, example_inputs, weight_positions, activation_positions, database, trials, verbose)
+        compiled = _compile(gm, example_inputs, weight_positions, activation_positions, database, trials, verbose,
+                            winograd)
     except Exception as err:  # anything the importer or builder cannot take runs in PyTorch
         if verbose:
             print(f"ansor: a graph of {len(gm.graph.nodes)} nodes runs in PyTorch: {err}", file=sys.stderr)
@@ -69,7 +72,7 @@ def ansor_backend(gm: Any, example_inputs: Sequence[Any], options: dict | None =
 
 
 def _compile(gm: Any, example_inputs: Sequence[Any], weight_positions: list[int],
-             activation_positions: list[int], database: Any, trials: int, verbose: bool):
+             activation_positions: list[int], database: Any, trials: int, verbose: bool, winograd: bool):
     import torch
 
     import ansor
@@ -80,8 +83,8 @@ def _compile(gm: Any, example_inputs: Sequence[Any], weight_positions: list[int]
     module = _bound_weights_module(gm, example_inputs, weight_positions)
     graph = from_torch(module, tuple(example_inputs[i].detach() for i in activation_positions))
     if trials > 0:
-        ansor.tune(graph, trials=trials, database=database, progress=verbose)
-    return ansor.build(graph, database=database, verbose=verbose)
+        ansor.tune(graph, trials=trials, database=database, progress=verbose, winograd=winograd)
+    return ansor.build(graph, database=database, verbose=verbose, winograd=winograd)
 
 
 def _bound_weights_module(gm: Any, example_inputs: Sequence[Any], weight_positions: list[int]):
