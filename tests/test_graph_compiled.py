@@ -243,12 +243,18 @@ def test_torch_compile_backend_by_entry_point_is_correct_under_graph_breaks(tmp_
     torch._dynamo.reset()
 
 
-def test_cli_tune_model_then_run_model_on_an_onnx_file(tmp_path):
+def conv_relu_onnx(tmp_path, channels: int, size: int):
+    """An ONNX file of a 3x3 conv2d (channels -> 4) + ReLU over a size x size image."""
     pytest.importorskip("onnx")
     torch.manual_seed(3)
-    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU()).eval()
+    model = nn.Sequential(nn.Conv2d(channels, 4, 3, padding=1), nn.ReLU()).eval()
     path = tmp_path / "m.onnx"
-    torch.onnx.export(model, (torch.randn(1, 3, 8, 8),), str(path), dynamo=True)
+    torch.onnx.export(model, (torch.randn(1, channels, size, size),), str(path), dynamo=True)
+    return path
+
+
+def test_cli_tune_model_then_run_model_on_an_onnx_file(tmp_path):
+    path = conv_relu_onnx(tmp_path, 3, 8)
     db = str(tmp_path / "cli.db")
     cli = [sys.executable, "-m", "ansor.cli"]
     tuned = subprocess.run([*cli, "tune-model", str(path), "--trials", "8", "--database", db, "--seed", "0",
@@ -266,11 +272,7 @@ def test_cli_tune_model_then_run_model_on_an_onnx_file(tmp_path):
 
 def test_cli_run_model_keeps_convolutions_direct_when_told(tmp_path):
     """A 3x3 convolution over 24x24 (36 tiles) runs in Winograd form unless --no-winograd."""
-    pytest.importorskip("onnx")
-    torch.manual_seed(3)
-    model = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.ReLU()).eval()
-    path = tmp_path / "m.onnx"
-    torch.onnx.export(model, (torch.randn(1, 4, 24, 24),), str(path), dynamo=True)
+    path = conv_relu_onnx(tmp_path, 4, 24)
     ansor.Database(str(tmp_path / "empty.db")).close()  # run-model reads an existing database
     cli = [sys.executable, "-m", "ansor.cli", "run-model", str(path), "--database", str(tmp_path / "empty.db"),
            "--rounds", "1"]
