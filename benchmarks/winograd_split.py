@@ -35,15 +35,10 @@ import ansor
 from ansor import te
 from ansor.measure import aligned_copy, aligned_empty
 from ansor.te import winograd
-from ansor.te.ops import conv2d
+from ansor.te.ops import batch_matmul, conv2d
 
 TILE = 4
 ALPHA = winograd.input_tile(TILE)
-
-
-def winograd_matrices() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(A^T, G, B^T) of F(4, 3)."""
-    return winograd.winograd_matrices(TILE)
 
 
 def winograd_tasks(size: int, channels: int) -> tuple[ansor.Task, ansor.Task, ansor.Task]:
@@ -57,9 +52,7 @@ def winograd_tasks(size: int, channels: int) -> tuple[ansor.Task, ansor.Task, an
 
     v_in = te.placeholder((ALPHA * ALPHA, tiles, channels), "float32", name="v")
     u = te.placeholder((ALPHA * ALPHA, channels, channels), "float32", name="u", constant=True)
-    rc = te.reduce_axis(channels, name="rc")
-    m = te.compute((ALPHA * ALPHA, tiles, channels), lambda b, p, k: te.sum(v_in[b, p, rc] * u[b, rc, k], axis=rc),
-                   name="m")
+    m = batch_matmul(v_in, u, name="m")
     products = ansor.Task([v_in, u, m], name="winograd_products")
 
     m_in = te.placeholder((ALPHA * ALPHA, tiles, channels), "float32", name="m")
@@ -100,7 +93,7 @@ def run(size: int, channels: int, args) -> None:
             ansor.tune(task, trials=trials, database=args.database, progress=False, seed=args.seed)
     direct, transform_in, products, transform_out = (ansor.build(t, database=args.database) for t in tasks)
 
-    at, _, bt = winograd_matrices()
+    at, _, bt = winograd.winograd_matrices(TILE)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, size, size, channels)).astype(np.float32)
     w = (rng.standard_normal((3, 3, channels, channels)) / np.sqrt(9 * channels)).astype(np.float32)

@@ -20,7 +20,7 @@ def test_the_three_kernels_chained_match_a_numpy_convolution():
     """10 x 10 x 8 (tiles that overhang the image: the last ones read zeros), default schedules."""
     size, channels = 10, 8
     stage_in, products, stage_out = (build_task(t, quick_trials=0) for t in W.winograd_tasks(size, channels))
-    at, _, bt = W.winograd_matrices()
+    at, _, bt = W.winograd.winograd_matrices(W.TILE)
     rng = np.random.default_rng(1)
     x = rng.standard_normal((1, size, size, channels)).astype(np.float32)
     w = rng.standard_normal((3, 3, channels, channels)).astype(np.float32)

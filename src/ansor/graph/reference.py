@@ -183,11 +183,12 @@ def _conv2d(xs, a):
 def _winograd_input(xs, a):
     """B^T d B of every tile d of the padded NHWC input, as [a*a, N * tiles, C]."""
     x, bt = xs
-    tile, (pt, pl, pb, pr) = a["tile"], a["padding"]
+    tile, padding = a["tile"], tuple(a["padding"])
     alpha = winograd.input_tile(tile)
     n, h, w, c = x.shape
-    th, tw = winograd.output_tiles(*winograd.output_extent(h, w, (pt, pl, pb, pr)), tile)
-    xp = np.pad(x, ((0, 0), (pt, th * tile + alpha - tile - h - pt), (pl, tw * tile + alpha - tile - w - pl), (0, 0)))
+    th, tw = winograd.output_tiles(*winograd.output_extent(h, w, padding), tile)
+    top, left, bottom, right = winograd.input_padding(h, w, padding, tile)
+    xp = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)))
     tiles = sliding_window_view(xp, (alpha, alpha), axis=(1, 2))[:, ::tile, ::tile]  # n th tw c a a
     v = np.einsum("ei,nyxcij,fj->efnyxc", bt, tiles, bt, optimize=True)
     return v.reshape(alpha * alpha, n * th * tw, c)

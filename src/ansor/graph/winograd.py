@@ -56,7 +56,7 @@ def to_winograd(graph: Graph, tile: int = TILE, min_tiles: int | None = None) ->
     return g
 
 
-def eligible(g: Graph, node: Node, tile: int = TILE, min_tiles: int = MIN_TILES) -> bool:
+def eligible(g: Graph, node: Node, tile: int, min_tiles: int) -> bool:
     """A float32 NHWC conv2d with constant 3x3 weights, stride 1, dilation 1, one group, and at
     least `min_tiles` output tiles of tile x tile."""
     a = node.attrs

@@ -89,6 +89,16 @@ def output_extent(height: int, width: int, padding: tuple[int, int, int, int]) -
     return height + top + bottom - KERNEL + 1, width + left + right - KERNEL + 1
 
 
+def input_padding(height: int, width: int, padding: tuple[int, int, int, int],
+                  tile: int) -> tuple[int, int, int, int]:
+    """The zeros (top, left, bottom, right) around a height x width input that give every tile
+    its full input: the convolution's own padding, and past the bottom/right edge as far as the
+    last tile reaches."""
+    top, left = padding[0], padding[1]
+    rows, cols = output_tiles(*output_extent(height, width, padding), tile)
+    return (top, left, rows * tile + KERNEL - 1 - height - top, cols * tile + KERNEL - 1 - width - left)
+
+
 def winograd_input(data: Tensor, bt: Tensor, padding: tuple[int, int, int, int], tile: int = 4,
                    name: str = "winograd_input") -> Tensor:
     """V [a*a, N*tiles, C] = B^T d B of every input tile d of NHWC `data` zero-padded by
@@ -99,9 +109,7 @@ def winograd_input(data: Tensor, bt: Tensor, padding: tuple[int, int, int, int],
     if oh <= 0 or ow <= 0:
         raise ValueError(f"{name}: empty output for input {data.shape} and padding {padding}")
     th, tw = output_tiles(oh, ow, tile)
-    top, left = padding[0], padding[1]
-    # rows and columns up to the last tile's end, past the bottom/right padding with zeros
-    bottom, right = th * tile + KERNEL - 1 - height - top, tw * tile + KERNEL - 1 - width - left
+    top, left, bottom, right = input_padding(height, width, padding, tile)
     padded = pad(data, (0, top, left, 0), (0, bottom, right, 0), 0.0, name=f"{name}_pad")
     per_image = th * tw
 
