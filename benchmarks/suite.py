@@ -33,7 +33,6 @@ import time
 
 import ansor
 from ansor.baselines import time_numpy, time_torch, torch_available
-from ansor.measure import check_outputs
 from ansor.database import open_database
 from ansor.workloads import WORKLOADS, make_task, workload_options
 
@@ -133,8 +132,7 @@ def build_checked(task, db: str, label: str):
     reference (a wrong kernel stops the benchmark)."""
     kernel = ansor.build(task, database=db)
     inputs = task.random_inputs(seed=1)
-    out = kernel(*inputs)
-    problem = check_outputs(list(out) if isinstance(out, tuple) else [out], task.reference_outputs(inputs))
+    problem = kernel.check(*inputs)
     if problem:
         raise AssertionError(f"{label}: built kernel is wrong: {problem}")
     return kernel, inputs

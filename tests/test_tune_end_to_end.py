@@ -61,6 +61,24 @@ def test_build_without_records_can_use_the_default_schedule(tmp_path):
         assert db.count() == 0  # nothing measured
 
 
+def test_kernel_check_allows_a_long_sum_its_rounding_and_nothing_more(tmp_path, monkeypatch):
+    """The untuned norm2 of a million values sums them one after another: ~2e-4 off numpy,
+    outside float32's default tolerance but inside the one every measured program passes, so
+    `Kernel.check` (used by the CLI and benchmarks) does not call it wrong; a real error is."""
+    from ansor.measure import check_outputs
+    from ansor.workloads import make_task
+
+    task = make_task("norm2", (1024, 1024))
+    kernel = ansor.build(task, database=str(tmp_path / "empty.db"), quick_trials=0)
+    inputs = task.random_inputs(seed=1)
+    assert check_outputs([kernel(*inputs)], task.reference_outputs(inputs)) is not None
+    assert kernel.check(*inputs) is None
+    assert kernel.check() is None  # the task's own random inputs
+    reference = task.reference_outputs
+    monkeypatch.setattr(task, "reference_outputs", lambda xs: [r * 1.01 for r in reference(xs)])
+    assert "mismatch" in kernel.check(*inputs)
+
+
 def test_build_without_records_measures_a_few_model_ranked_programs(tmp_path, monkeypatch):
     """A workload nobody tuned: a quick search (ranked by the shipped model) measures a few
     programs, records them, and the kernel is the fastest of them; the next build finds the

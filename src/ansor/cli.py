@@ -434,7 +434,6 @@ def _tune_report(args, task, result, db_path: str) -> int:
     against numpy and PyTorch."""
     import ansor
     from ansor.baselines import time_in_turns, torch_callable
-    from ansor.measure import check_outputs
     from ansor.report import best_text, comparison_table, console, error_summary
     from ansor.workloads import WORKLOADS, workload_options
 
@@ -451,9 +450,7 @@ def _tune_report(args, task, result, db_path: str) -> int:
         console.print(f"tuning curve saved to {args.plot}")
     kernel = ansor.build(task, database=db_path)
     inputs = task.random_inputs(seed=1)
-    out = kernel(*inputs)
-    outs = out if isinstance(out, tuple) else (out,)
-    problem = check_outputs(list(outs), task.reference_outputs(inputs))
+    problem = kernel.check(*inputs)
     if problem:
         console.print(f"[red]the built kernel disagrees with the reference: {problem}[/]")
         return 1

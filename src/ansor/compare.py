@@ -147,7 +147,7 @@ class Comparison:
 def compare_calls(title: str, flop: float, ansor_call: Callable[[], Any], reference: Sequence[np.ndarray],
                   baselines: Mapping[str, Callable[[], Any] | None] | None = None,
                   notes: Mapping[str, str] | None = None, skipped: Sequence[str] = (), rounds: int = 7, min_repeat_s: float = 0.05,
-                  ansor_name: str = "ansor") -> Comparison:
+                  ansor_name: str = "ansor", rtol: float | None = None) -> Comparison:
     """Check every call's output against `reference`, then time them in turns.
 
     ansor's output must match (else WrongResultError, and nothing is timed); a baseline that
@@ -166,11 +166,13 @@ def compare_calls(title: str, flop: float, ansor_call: Callable[[], Any], refere
         rounds: Timing rounds; every round times each implementation once.
         min_repeat_s: Each timing lasts at least this long (enough calls of a fast one).
         ansor_name: The name of ansor's row.
+        rtol: The relative tolerance of ansor's check (None: the dtype's default); a long
+            float32 reduction needs more (`ansor.measure.check.reduction_rtol`).
     """
     from ansor.measure import check_outputs
 
     baselines, notes = baselines or {}, notes or {}
-    problem = check_outputs(_outputs(ansor_call()), list(reference))
+    problem = check_outputs(_outputs(ansor_call()), list(reference), rtol=rtol)
     if problem:
         raise WrongResultError(f"{ansor_name} disagrees with the reference: {problem}")
     calls: dict[str, Callable[[], Any]] = {ansor_name: ansor_call}
@@ -300,9 +302,12 @@ def compare_workload(name: str, shape: Sequence[int] | None = None, dtype: str =
         skipped.append(f"PyTorch: no PyTorch implementation of {name}")
     if "onnxruntime" not in skip:
         skipped.append("onnxruntime: compares models (`ansor compare model.onnx`), not named workloads")
+    from ansor.measure.check import reduction_rtol
+
     dims = "x".join(map(str, task.spec["shape"]))
     return compare_calls(f"{name} {dims} {dtype} on {task.target.key}", task.flop, kernel.prepared(*inputs),
-                         reference, baselines, notes, skipped, rounds)
+                         reference, baselines, notes, skipped, rounds,
+                         rtol=reduction_rtol(task.outputs[0].dtype, task.longest_reduction))
 
 
 def compare_model(path: str, database: Any = None, rounds: int = 7, skip: Collection[str] = (),

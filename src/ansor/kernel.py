@@ -12,6 +12,7 @@ from ansor.backend import BuiltProgram, backend_for, build_programs
 from ansor.database import Database, Record, open_database
 from ansor.measure import (Builder, KernelLibrary, TimingPolicy, aligned_copy, aligned_empty,
                            time_function)
+from ansor.measure.check import check_outputs, reduction_rtol
 from ansor.measure.timing import measure_costs
 from ansor.measure.errors import DeviceUnavailableError
 from ansor.replay import replay_records
@@ -171,6 +172,19 @@ class Kernel:
         res = time_function(self.lib_path, self.func_name, arrays, self._outputs(None), policy,
                             loader=backend_for(self.task.target).loader)
         return res.median
+
+    def check(self, *inputs: np.ndarray, seed: int = 1) -> str | None:
+        """None when the kernel's outputs match the numpy reference on `inputs` (default: the
+        task's random inputs of `seed`), else what differs. The tolerance is the one every
+        measured program passed: a long float32 reduction rounds more than an elementwise
+        result (`measure.check.reduction_rtol`), so a kernel the tuner accepted is not judged
+        wrong here."""
+        arrays = list(inputs) if inputs else self.task.random_inputs(seed=seed)
+        out = self(*arrays)
+        outputs = list(out) if isinstance(out, tuple) else [out]
+        expected = self.task.reference_outputs(arrays)
+        rtol = reduction_rtol(expected[0].dtype, self.task.longest_reduction) if expected else None
+        return check_outputs(outputs, expected, rtol=rtol)
 
     def close(self) -> None:
         """Release the loaded library; the kernel cannot be called afterwards."""
