@@ -1,13 +1,16 @@
 """The pretrained cost model: build its corpus, measure how it ranks unseen workloads, ship it.
 
     # tune a corpus of workloads into a database (resumable: a rerun tops up what is missing)
-    python benchmarks/pretrain.py collect --database corpus.db --trials 64 --random 24
+    python benchmarks/pretrain.py collect --database corpus.db --trials 64 --random 40
     # leave-workloads-out evaluation, and the model that ships (into src/ansor/costmodel/pretrained)
     python benchmarks/pretrain.py train --databases corpus.db models.db --folds 5 --install
+    # or: the shipped model's trees kept and more grown on another machine's corpus
+    python benchmarks/pretrain.py train --databases corpus.db --continue-shipped --rounds 300 --install
 
 The corpus: the fused subgraphs of ResNet-18, MobileNet-V2 and a BERT layer (as `ansor tune`
-sees them), and operators of every family of the suite at random shapes. The suite's own
-shapes are never in it: they are the held-out workloads that `ansor.build` is judged on.
+sees them), and operators of every named workload family (`ansor workloads`) at random shapes.
+The suite's own shapes are never in it: they are the held-out workloads that `ansor.build` is
+judged on.
 
 `train` first scores the model on workloads it has not seen: the workloads are cut into
 folds, a model is trained on all folds but one and ranks the programs of the one left out
@@ -15,7 +18,10 @@ folds, a model is trained on all folds but one and ranks the programs of the one
 recall of the true top 10 among the predicted top 10). Beside it, a model trained only on the
 workload's own records (half of them, scored on the other half) shows what tuning learns
 locally. Then it trains on everything and, with --install, writes the model and its
-provenance (commit, machine, workloads, programs, the scores above) into the package.
+provenance (commit, machine, workloads, programs, the scores above) into the package. With
+--continue-shipped the new trees are grown on top of the shipped model's (what it learned from
+another machine's corpus stays, and the provenance keeps the earlier one's under
+"continued_from"); the held-out scores are then those of this corpus alone, from scratch.
 """
 
 from __future__ import annotations
@@ -60,7 +66,7 @@ HELD_OUT = {
 # ----------------------------------------------------------------------------- the corpus
 
 def random_workloads(n: int, seed: int) -> list[tuple[str, tuple, dict]]:
-    """`n` operators of the suite's families at random shapes (none of the suite's own)."""
+    """`n` operators of the named workload families at random shapes (none of the suite's own)."""
     rng = random.Random(seed)
     pick = rng.choice
     makers = [
@@ -79,6 +85,10 @@ def random_workloads(n: int, seed: int) -> list[tuple[str, tuple, dict]]:
         lambda: ("layer_norm_gelu", (pick([128, 512, 1024]), pick([256, 768, 1024])), {}),
         lambda: ("max_pool2d", (1, pick([32, 64]), hw := pick([28, 56]), hw, 3), {"stride": 2, "padding": 1}),
         lambda: ("norm2", (pick([256, 512, 2048]), pick([256, 512])), {}),
+        lambda: ("conv2d_transpose", (1, pick([64, 128, 256]), hw := pick([4, 8, 16]), hw, pick([32, 64, 128]),
+                                      k := pick([2, 4]), k), {"stride": 2, "padding": k // 2 - 1 + k % 2}),
+        lambda: ("avg_pool2d", (1, pick([32, 64, 128]), hw := pick([28, 56]), hw, pick([2, 3])), {"stride": 2}),
+        lambda: (pick(["gelu", "relu"]), (pick([256, 1024, 4096]), pick([256, 768, 1024])), {}),
     ]
     out, seen = [], set()
     while len(out) < n:
@@ -136,10 +146,11 @@ def load_corpus(paths: list[str], target_key: str | None) -> tuple[Dataset, str]
     return data, target_key
 
 
-def fit(data: Dataset, idx, seed: int = 0, pretraining: bool = True) -> XGBModel:
-    """A model fit on the programs `idx`: with the pretrained model's settings, or with a tuning
-    job's (`pretraining=False`)."""
-    model = (XGBModel(num_warmup_sample=0, seed=seed, params=PRETRAIN_PARAMS, max_rounds=PRETRAIN_ROUNDS)
+def fit(data: Dataset, idx, seed: int = 0, pretraining: bool = True, rounds: int = PRETRAIN_ROUNDS,
+        base=None) -> XGBModel:
+    """A model fit on the programs `idx`: with the pretrained model's settings (`rounds` more
+    trees on top of the `base` booster's, if given), or with a tuning job's (`pretraining=False`)."""
+    model = (XGBModel(num_warmup_sample=0, seed=seed, params=PRETRAIN_PARAMS, max_rounds=rounds, base=base)
              if pretraining else XGBModel(num_warmup_sample=0, seed=seed))
     model.update([data.features[i] for i in idx], [data.costs[i] for i in idx], [data.groups[i] for i in idx])
     return model
@@ -210,7 +221,7 @@ def machine() -> str:
 
 
 def cmd_train(args) -> None:
-    from ansor.costmodel.pretrained import save_pretrained
+    from ansor.costmodel.pretrained import model_file, provenance, save_pretrained
 
     data, target_key = load_corpus(args.databases, args.target)
     n_workloads = len(set(data.groups))
@@ -224,12 +235,19 @@ def cmd_train(args) -> None:
                   f"{s['pairwise_accuracy']:.3f}, top-10 recall {s['top10_recall']:.3f}")
     start = time.perf_counter()
     usable = [i for i, (f, c) in enumerate(zip(data.features, data.costs)) if f.shape[0] > 0 and np.isfinite(c)]
-    model = fit(data, usable, args.seed)
+    earlier = provenance() if args.continue_shipped else None
+    base = XGBModel.load(model_file()).booster if args.continue_shipped else None
+    if args.continue_shipped and (base is None or earlier is None):
+        raise SystemExit("--continue-shipped: the package has no pretrained model (and provenance) to continue")
+    model = fit(data, usable, args.seed, rounds=args.rounds, base=base)
+    model.base = None  # the saved booster holds the base's trees and the new ones
     print(f"final model: {model.last_fit_info.get('rounds')} rounds in {time.perf_counter() - start:.1f} s")
     info = {"commit": commit(), "date": datetime.date.today().isoformat(), "machine": machine(),
             "target": target_key, "workloads": n_workloads, "programs": len(usable),
             "databases": [Path(p).name for p in args.databases], "params": PRETRAIN_PARAMS,
             "rounds": model.last_fit_info.get("rounds"), "held_out_scores": scores}
+    if earlier is not None:
+        info["continued_from"] = earlier
     if args.json:
         Path(args.json).write_text(json.dumps(info, indent=2) + "\n")
     if args.install:
@@ -247,7 +265,7 @@ def main() -> None:
     c.add_argument("--trials", type=int, default=64, help="programs per workload (default 64)")
     c.add_argument("--models", default="resnet18,mobilenet_v2,bert_layer",
                    help="models whose subgraphs join the corpus ('' for none)")
-    c.add_argument("--random", type=int, default=24, help="operators at random shapes (default 24)")
+    c.add_argument("--random", type=int, default=40, help="operators at random shapes (default 40)")
     c.add_argument("--seed", type=int, default=0)
     t = sub.add_parser("train", help="evaluate on held-out workloads, train, install")
     t.add_argument("--databases", nargs="+", required=True)
@@ -256,6 +274,10 @@ def main() -> None:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--json", help="write the provenance and scores here too")
     t.add_argument("--install", action="store_true", help="write the model into the package")
+    t.add_argument("--rounds", type=int, default=PRETRAIN_ROUNDS,
+                   help=f"trees to grow (default {PRETRAIN_ROUNDS}; early stopping may grow fewer)")
+    t.add_argument("--continue-shipped", action="store_true",
+                   help="grow the trees on top of the model shipped in the package")
     args = parser.parse_args()
     {"collect": cmd_collect, "train": cmd_train}[args.command](args)
 
