@@ -221,7 +221,7 @@ def machine() -> str:
 
 
 def cmd_train(args) -> None:
-    from ansor.costmodel.pretrained import model_file, provenance, save_pretrained
+    from ansor.costmodel.pretrained import load_pretrained, provenance, save_pretrained
 
     data, target_key = load_corpus(args.databases, args.target)
     n_workloads = len(set(data.groups))
@@ -235,12 +235,13 @@ def cmd_train(args) -> None:
                   f"{s['pairwise_accuracy']:.3f}, top-10 recall {s['top10_recall']:.3f}")
     start = time.perf_counter()
     usable = [i for i, (f, c) in enumerate(zip(data.features, data.costs)) if f.shape[0] > 0 and np.isfinite(c)]
-    earlier = provenance() if args.continue_shipped else None
-    base = XGBModel.load(model_file()).booster if args.continue_shipped else None
-    if args.continue_shipped and (base is None or earlier is None):
-        raise SystemExit("--continue-shipped: the package has no pretrained model (and provenance) to continue")
-    model = fit(data, usable, args.seed, rounds=args.rounds, base=base)
-    model.base = None  # the saved booster holds the base's trees and the new ones
+    base, earlier = None, None
+    if args.continue_shipped:
+        shipped, earlier = load_pretrained(ansor.Target.host()), provenance()
+        if shipped is None or earlier is None:
+            raise SystemExit("--continue-shipped: the package has no pretrained model (and provenance) to continue")
+        base = shipped.base
+    model = fit(data, usable, args.seed, rounds=args.rounds, base=base)  # its booster holds base's trees too
     print(f"final model: {model.last_fit_info.get('rounds')} rounds in {time.perf_counter() - start:.1f} s")
     info = {"commit": commit(), "date": datetime.date.today().isoformat(), "machine": machine(),
             "target": target_key, "workloads": n_workloads, "programs": len(usable),

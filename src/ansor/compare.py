@@ -256,6 +256,7 @@ def compare_workload(name: str, shape: Sequence[int] | None = None, dtype: str =
     """
     import ansor
     from ansor.database import open_database
+    from ansor.measure.check import reduction_rtol
     from ansor.quick import has_record
     from ansor.workloads import WORKLOADS, make_task, workload_options
 
@@ -302,8 +303,6 @@ def compare_workload(name: str, shape: Sequence[int] | None = None, dtype: str =
         skipped.append(f"PyTorch: no PyTorch implementation of {name}")
     if "onnxruntime" not in skip:
         skipped.append("onnxruntime: compares models (`ansor compare model.onnx`), not named workloads")
-    from ansor.measure.check import reduction_rtol
-
     dims = "x".join(map(str, task.spec["shape"]))
     return compare_calls(f"{name} {dims} {dtype} on {task.target.key}", task.flop, kernel.prepared(*inputs),
                          reference, baselines, notes, skipped, rounds,
