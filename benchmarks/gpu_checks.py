@@ -32,7 +32,7 @@ import ansor  # noqa: E402
 from ansor.backend import build_programs, generate_source  # noqa: E402
 from ansor.lower.gpu import GPUScheduleError  # noqa: E402
 from ansor.measure import MeasureErrorNo, TimingPolicy  # noqa: E402
-from ansor.measure.check import reduction_rtol  # noqa: E402
+from ansor.measure.check import task_rtol  # noqa: E402
 from ansor.search.annotate_gpu import annotate_gpu  # noqa: E402
 from ansor.search.sketch_policy import SketchPolicy  # noqa: E402
 from ansor.workloads import make_task  # noqa: E402
@@ -94,7 +94,7 @@ def oclgrind_ready() -> bool:
 
 def rtol_of(task: ansor.Task) -> float:
     """The tolerance the tuner checks this task's outputs with (long reductions round more)."""
-    return reduction_rtol(task.outputs[0].dtype, task.longest_reduction)
+    return task_rtol(task)
 
 
 def run_checked(runner, task: ansor.Task, built: list, sources: list, counts: dict, messages: list) -> None:

@@ -355,6 +355,23 @@ def test_a_base_scores_at_once_and_fits_continue_from_it(trained):
     assert pairwise_accuracy(model.predict(test_f), 1.0 / np.asarray(test_c)) > 0.8
 
 
+def test_a_few_programs_add_few_trees_to_a_base_and_a_full_batch_is_uncapped(trained):
+    """On a task's first programs a continued fit may add one tree per PROGRAMS_PER_NEW_TREE
+    of them (a few noisy timings must not outvote the base's ranking); from
+    CAPPED_FIT_PROGRAMS on, as many as the training error asks for."""
+    from ansor.costmodel.model import CAPPED_FIT_PROGRAMS, PROGRAMS_PER_NEW_TREE
+
+    base, _, _ = trained
+    base_rounds = base.booster.num_boosted_rounds()
+    model = XGBModel(n_threads=1, base=base.booster)
+    feats, base_order_costs = _dataset(CAPPED_FIT_PROGRAMS, seed=9)
+    costs = [1.0 / c for c in base_order_costs]  # a task the base ranks backwards: fits want many trees
+    model.update(feats[:12], costs[:12], ["u"] * 12)
+    assert 1 <= model.booster.num_boosted_rounds() - base_rounds <= 12 // PROGRAMS_PER_NEW_TREE
+    model.update(feats[12:], costs[12:], ["u"] * (CAPPED_FIT_PROGRAMS - 12))
+    assert model.booster.num_boosted_rounds() - base_rounds > CAPPED_FIT_PROGRAMS // PROGRAMS_PER_NEW_TREE
+
+
 def test_pretrained_model_loads_from_the_package_directory(trained, tmp_path, monkeypatch):
     import ansor
     from ansor.costmodel import pretrained

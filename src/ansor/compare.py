@@ -256,7 +256,7 @@ def compare_workload(name: str, shape: Sequence[int] | None = None, dtype: str =
     """
     import ansor
     from ansor.database import open_database
-    from ansor.measure.check import reduction_rtol
+    from ansor.measure.check import task_rtol
     from ansor.quick import has_record
     from ansor.workloads import WORKLOADS, make_task, workload_options
 
@@ -306,7 +306,7 @@ def compare_workload(name: str, shape: Sequence[int] | None = None, dtype: str =
     dims = "x".join(map(str, task.spec["shape"]))
     return compare_calls(f"{name} {dims} {dtype} on {task.target.key}", task.flop, kernel.prepared(*inputs),
                          reference, baselines, notes, skipped, rounds,
-                         rtol=reduction_rtol(task.outputs[0].dtype, task.longest_reduction))
+                         rtol=task_rtol(task))
 
 
 def compare_model(path: str, database: Any = None, rounds: int = 7, skip: Collection[str] = (),

@@ -12,7 +12,7 @@ from ansor.backend import BuiltProgram, backend_for, build_programs
 from ansor.database import Database, Record, open_database
 from ansor.measure import (Builder, KernelLibrary, TimingPolicy, aligned_copy, aligned_empty,
                            time_function)
-from ansor.measure.check import check_outputs, reduction_rtol
+from ansor.measure.check import check_outputs, task_rtol
 from ansor.measure.timing import measure_costs
 from ansor.measure.errors import DeviceUnavailableError
 from ansor.replay import replay_records
@@ -183,8 +183,7 @@ class Kernel:
         out = self(*arrays)
         outputs = list(out) if isinstance(out, tuple) else [out]
         expected = self.task.reference_outputs(arrays)
-        rtol = reduction_rtol(expected[0].dtype, self.task.longest_reduction) if expected else None
-        return check_outputs(outputs, expected, rtol=rtol)
+        return check_outputs(outputs, expected, rtol=task_rtol(self.task) if expected else None)
 
     def close(self) -> None:
         """Release the loaded library; the kernel cannot be called afterwards."""

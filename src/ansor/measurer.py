@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 from ansor.backend import backend_for
 from ansor.database import Record
 from ansor.measure import Builder, MeasureErrorNo, Runner, TimingPolicy
-from ansor.measure.check import reduction_rtol
+from ansor.measure.check import task_rtol
 from ansor.schedule.state import State
 from ansor.search.policy import MeasureResult
 from ansor.task import Task
@@ -64,7 +64,7 @@ class ProgramMeasurer:
             inputs = self.task.random_inputs(self.seed)
             expected = self.task.reference_outputs(inputs)
             if self.runner.rtol is None and expected:  # long reductions round more
-                self.runner.rtol = reduction_rtol(expected[0].dtype, self.task.longest_reduction)
+                self.runner.rtol = task_rtol(self.task)
             self.runner.set_task(inputs, expected)
             self._task_set = True
 

@@ -196,6 +196,17 @@ class RandomModel(CostModel):
         return self._rng.uniform(0.0, 1.0, len(features))
 
 
+#: A fit that continues a base (the pretrained trees) on a task's first few programs grows at
+#: most one new tree per this many programs. Uncapped, a fit on 4-16 programs (depth 10, eta 0.2,
+#: rounds until the training error stops falling) learns to separate those few noisy timings
+#: and reorders every other candidate; capped, the base's ranking stays in charge until the
+#: task's own records can teach something. `tune(trials=16)` of depthwise 128x56x56 over 8 seeds:
+#: median 0.64x -> 0.88x of its 300-trial best; softmax and conv2d_transpose level (BENCHMARKS.md).
+PROGRAMS_PER_NEW_TREE = 4
+#: From this many of the task's own programs (one full measured batch) on, fits are not capped.
+CAPPED_FIT_PROGRAMS = 64
+
+
 class XGBModel(CostModel):
     """Gradient-boosted trees on per-row features with a pack-sum objective.
 
@@ -318,6 +329,13 @@ class XGBModel(CostModel):
             return
         self._fit()
 
+    def _new_rounds_allowed(self) -> int:
+        """Boosting rounds the next fit may add: `max_rounds`, except while a fit continuing the
+        base sees only a few programs of the task alone (see PROGRAMS_PER_NEW_TREE)."""
+        if self.base is not None and not self.num_prior and self.num_records < CAPPED_FIT_PROGRAMS:
+            return min(self.max_rounds, max(1, self.num_records // PROGRAMS_PER_NEW_TREE))
+        return self.max_rounds
+
     def _fit(self) -> None:
         """Refit the booster from scratch on all accumulated programs."""
         import xgboost as xgb
@@ -354,7 +372,7 @@ class XGBModel(CostModel):
         booster = xgb.train(
             self.params,
             dtrain,
-            num_boost_round=self.max_rounds,
+            num_boost_round=self._new_rounds_allowed(),
             obj=objective,
             custom_metric=metric,
             evals=[(dtrain, "tr")],

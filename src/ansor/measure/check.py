@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ansor.task import Task
 
 # dtype kind/size -> (rtol, atol relative to max(1, max|expected|))
 _FLOAT_TOLERANCES: dict[int, tuple[float, float]] = {
@@ -41,6 +45,13 @@ def reduction_rtol(dtype: np.dtype | str, length: int) -> float:
         return 0.0
     default = _FLOAT_TOLERANCES.get(dtype.itemsize, _FLOAT_TOLERANCES[8])[0]
     return max(default, 8.0 * float(np.finfo(dtype).eps) * math.sqrt(max(1, length)))
+
+
+def task_rtol(task: Task) -> float:
+    """The relative tolerance a task's outputs are checked with wherever a program of it runs
+    (the tuner's worker, `Kernel.check`, comparisons): `reduction_rtol` of its first output's
+    dtype and its longest reduction."""
+    return reduction_rtol(task.outputs[0].dtype, task.longest_reduction)
 
 
 def unwritten_like(expected: np.ndarray) -> np.ndarray:
