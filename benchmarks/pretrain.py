@@ -66,32 +66,43 @@ HELD_OUT = {
 # ----------------------------------------------------------------------------- the corpus
 
 def random_workloads(n: int, seed: int) -> list[tuple[str, tuple, dict]]:
-    """`n` operators of the named workload families at random shapes (none of the suite's own)."""
+    """`n` distinct operators of the named workload families at random shapes (none of the
+    suite's own). Sizes are drawn from wide ranges: a model learns more from many different
+    workloads than from many programs of a few (BENCHMARKS.md)."""
     rng = random.Random(seed)
     pick = rng.choice
+
+    def size(lo: int, hi: int, step: int = 16) -> int:
+        return rng.randrange(lo, hi + 1, step)
+
+    def chw() -> tuple[int, int]:
+        return pick([8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256]), pick([7, 14, 28, 56])
+
     makers = [
-        lambda: ("matmul", (pick([64, 128, 256, 384, 768]), pick([64, 256, 512, 1000]), pick([64, 256, 576, 1024])), {}),
-        lambda: ("dense", (pick([1, 16, 64, 128]), pick([256, 768, 1024]), pick([256, 512, 768])), {}),
-        lambda: ("batch_matmul", (pick([4, 8, 16]), pick([64, 128, 256]), pick([64, 128]), pick([32, 64, 128])), {}),
-        lambda: ("matmul_bias_relu", (pick([128, 256]), pick([256, 384, 768]), pick([128, 512])), {}),
-        lambda: ("conv2d", (1, c := pick([16, 32, 48, 96, 128]), hw := pick([14, 28, 56]), hw, pick([32, 64, 128]),
-                            k := pick([1, 3]), k), {"padding": k // 2, "stride": pick([1, 1, 2])}),
-        lambda: ("conv2d_bias_relu", (1, pick([32, 64]), hw := pick([14, 28]), hw, pick([64, 128]), 3, 3),
-                 {"padding": 1}),
-        lambda: ("depthwise_conv2d", (1, pick([32, 64, 96, 240]), hw := pick([14, 28, 56, 112]), hw, 3, 3),
+        lambda: ("matmul", (size(32, 1024), size(32, 1024), size(32, 1024)), {}),
+        lambda: ("dense", (pick([1, 4, 16, 32, 64, 128]), size(64, 1024), size(64, 1024)), {}),
+        lambda: ("batch_matmul", (pick([2, 4, 8, 12, 16]), size(32, 256), size(32, 256), size(16, 128)), {}),
+        lambda: ("matmul_bias_relu", (size(32, 512), size(64, 1024), size(64, 768)), {}),
+        lambda: ("conv2d", (1, (c := chw())[0], c[1], c[1], pick([16, 32, 64, 96, 128, 256]),
+                            k := pick([1, 3, 3, 5]), k), {"padding": k // 2, "stride": pick([1, 1, 2])}),
+        lambda: ("conv2d_bias_relu", (1, (c := chw())[0], c[1], c[1], pick([32, 64, 128]), 3, 3), {"padding": 1}),
+        lambda: ("depthwise_conv2d", (1, (c := chw())[0], c[1] * pick([1, 2]), c[1] * pick([1, 2]), 3, 3),
                  {"padding": 1, "stride": pick([1, 2])}),
-        lambda: ("softmax", (pick([256, 512, 2048]), pick([64, 256, 512])), {}),
-        lambda: ("layer_norm", (pick([128, 512, 2048]), pick([256, 512, 1024])), {}),
-        lambda: ("layer_norm_gelu", (pick([128, 512, 1024]), pick([256, 768, 1024])), {}),
-        lambda: ("max_pool2d", (1, pick([32, 64]), hw := pick([28, 56]), hw, 3), {"stride": 2, "padding": 1}),
-        lambda: ("norm2", (pick([256, 512, 2048]), pick([256, 512])), {}),
-        lambda: ("conv2d_transpose", (1, pick([64, 128, 256]), hw := pick([4, 8, 16]), hw, pick([32, 64, 128]),
-                                      k := pick([2, 4]), k), {"stride": 2, "padding": k // 2 - 1 + k % 2}),
-        lambda: ("avg_pool2d", (1, pick([32, 64, 128]), hw := pick([28, 56]), hw, pick([2, 3])), {"stride": 2}),
-        lambda: (pick(["gelu", "relu"]), (pick([256, 1024, 4096]), pick([256, 768, 1024])), {}),
+        lambda: ("softmax", (size(64, 4096, 64), size(32, 1024, 32)), {}),
+        lambda: ("layer_norm", (size(64, 4096, 64), size(64, 1024, 64)), {}),
+        lambda: ("layer_norm_gelu", (size(64, 2048, 64), size(128, 1024, 64)), {}),
+        lambda: ("max_pool2d", (1, (c := chw())[0], c[1] * 2, c[1] * 2, pick([2, 3])), {"stride": 2, "padding": 1}),
+        lambda: ("norm2", (size(64, 4096, 64), size(64, 1024, 64)), {}),
+        lambda: ("conv2d_transpose", (1, pick([32, 64, 128, 256, 512]), hw := pick([4, 7, 8, 14, 16]), hw,
+                                      pick([16, 32, 64, 128]), k := pick([2, 3, 4]), k),
+                 {"stride": 2, "padding": k // 2 - 1 + k % 2}),
+        lambda: ("avg_pool2d", (1, (c := chw())[0], c[1] * 2, c[1] * 2, pick([2, 3])), {"stride": 2}),
+        lambda: (pick(["gelu", "relu"]), (size(64, 4096, 64), size(64, 1024, 64)), {}),
     ]
     out, seen = [], set()
-    while len(out) < n:
+    for _ in range(100 * n):  # a draw can repeat a workload: bounded, never an endless loop
+        if len(out) == n:
+            break
         name, shape, opts = makers[len(out) % len(makers)]()
         if (name, shape) in HELD_OUT or (name, shape, tuple(sorted(opts.items()))) in seen:
             continue
