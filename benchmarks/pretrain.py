@@ -6,6 +6,8 @@
     python benchmarks/pretrain.py train --databases corpus.db models.db --folds 5 --install
     # or: the shipped model's trees kept and more grown on another machine's corpus
     python benchmarks/pretrain.py train --databases corpus.db --continue-shipped --rounds 300 --install
+    # rank the records of workloads no model has seen (the suite's 300-trial databases)
+    python benchmarks/pretrain.py score --databases tuned300/*.db [--models a.model.json b.model.json]
 
 The corpus: the fused subgraphs of ResNet-18, MobileNet-V2 and a BERT layer (as `ansor tune`
 sees them), and operators of every named workload family (`ansor workloads`) at random shapes.
@@ -269,6 +271,31 @@ def cmd_train(args) -> None:
         print(f"installed {path} ({path.stat().st_size / 1e6:.1f} MB)")
 
 
+def cmd_score(args) -> None:
+    """How model files rank the records of workloads none of them was trained on (e.g. the
+    suite's 300-trial databases): pairwise accuracy beyond the noise margin, overall and per
+    workload."""
+    from ansor.costmodel.pretrained import model_file
+    from ansor.workloads import workload_label
+
+    data, target_key = load_corpus(args.databases, args.target)
+    usable = np.flatnonzero([f.shape[0] > 0 and np.isfinite(c) for f, c in zip(data.features, data.costs)])
+    truth = normalized_throughputs(data.costs, data.groups)[usable]
+    groups = np.array([data.groups[i] for i in usable])
+    labels = {}
+    for path in args.databases:
+        with Database(path) as db:
+            labels |= {k: workload_label((db.workload(k) or {}).get("description")) for k in db.workload_keys()}
+    print(f"{usable.size} programs of {len(set(groups))} workloads on {target_key}")
+    for path in args.models or [str(model_file("cpu"))]:
+        pred = np.asarray(XGBModel.load(path).predict([data.features[i] for i in usable]))
+        per = {labels.get(g, g): pairwise_accuracy(pred[groups == g], truth[groups == g], margin=NOISE_MARGIN)
+               for g in sorted(set(groups))}
+        overall = pairwise_accuracy(pred, truth, list(groups), margin=NOISE_MARGIN)
+        print(f"{path}: pairwise accuracy beyond {round(100 * NOISE_MARGIN)}% {overall:.3f}; "
+              + ", ".join(f"{k} {v:.3f}" for k, v in per.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -290,8 +317,12 @@ def main() -> None:
                    help=f"trees to grow (default {PRETRAIN_ROUNDS}; early stopping may grow fewer)")
     t.add_argument("--continue-shipped", action="store_true",
                    help="grow the trees on top of the model shipped in the package")
+    r = sub.add_parser("score", help="rank the records of unseen workloads with model files")
+    r.add_argument("--databases", nargs="+", required=True, help="records of workloads outside every corpus")
+    r.add_argument("--models", nargs="*", help="model files (default: the shipped one)")
+    r.add_argument("--target", default=None, help="target key (default: each database's first)")
     args = parser.parse_args()
-    {"collect": cmd_collect, "train": cmd_train}[args.command](args)
+    {"collect": cmd_collect, "train": cmd_train, "score": cmd_score}[args.command](args)
 
 
 if __name__ == "__main__":
