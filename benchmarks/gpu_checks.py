@@ -92,11 +92,6 @@ def oclgrind_ready() -> bool:
     return oclgrind_available()
 
 
-def rtol_of(task: ansor.Task) -> float:
-    """The tolerance the tuner checks this task's outputs with (long reductions round more)."""
-    return task_rtol(task)
-
-
 def run_checked(runner, task: ansor.Task, built: list, sources: list, counts: dict, messages: list) -> None:
     """Run each built program in the runner's isolated worker on the task's inputs, checked
     against numpy; counts correct ("ok"), wrong answers and errors."""
@@ -163,12 +158,12 @@ def main(argv: list[str] | None = None) -> int:
                     messages.append(res.error_msg[:300])
         if args.cuda_run:
             from ansor.measure.cuda import CudaRunner
-            with CudaRunner(timeout=60, timing=CHECK_ONLY, rtol=rtol_of(cuda_task)) as runner:
+            with CudaRunner(timeout=60, timing=CHECK_ONLY, rtol=task_rtol(cuda_task)) as runner:
                 run_checked(runner, cuda_task, cu_built, cu_sources, counts, messages)
         if not args.no_pocl:
             from ansor.measure.opencl import OpenCLBuilder, OpenCLRunner
             cl_sources, _ = sources_for(drawn, cl_task.target)
-            with OpenCLRunner(timeout=120, timing=CHECK_ONLY, rtol=rtol_of(cl_task)) as runner:
+            with OpenCLRunner(timeout=120, timing=CHECK_ONLY, rtol=task_rtol(cl_task)) as runner:
                 built = OpenCLBuilder(n_parallel=args.jobs).build([src for src, _ in cl_sources])
                 run_checked(runner, cl_task, built, cl_sources, counts, messages)
         if args.oclgrind and oclgrind_ready():

@@ -176,11 +176,16 @@ def ranking_scores(pred, true, groups, k: int = 10) -> dict:
             "top10_recall": float(np.mean(recalls)) if recalls else float("nan")}
 
 
+def usable_programs(data: Dataset) -> np.ndarray:
+    """Which programs a model can learn from or be scored on: rows of features and a finite cost."""
+    return np.array([f.shape[0] > 0 and np.isfinite(c) for f, c in zip(data.features, data.costs)], dtype=bool)
+
+
 def evaluate(data: Dataset, folds: int, seed: int) -> dict:
     """Leave-workloads-out scores of the pretrained model, and of models trained on each
     held-out workload's own records, on the same test programs."""
     truth = normalized_throughputs(data.costs, data.groups)
-    usable = np.array([f.shape[0] > 0 and np.isfinite(c) for f, c in zip(data.features, data.costs)])
+    usable = usable_programs(data)
     workloads = sorted(set(data.groups))
     random.Random(seed).shuffle(workloads)
     rng = np.random.default_rng(seed)
@@ -247,7 +252,7 @@ def cmd_train(args) -> None:
             print(f"  {side:12s} pairwise accuracy beyond {round(100 * NOISE_MARGIN)}%: "
                   f"{s['pairwise_accuracy']:.3f}, top-10 recall {s['top10_recall']:.3f}")
     start = time.perf_counter()
-    usable = [i for i, (f, c) in enumerate(zip(data.features, data.costs)) if f.shape[0] > 0 and np.isfinite(c)]
+    usable = np.flatnonzero(usable_programs(data))
     base, earlier = None, None
     if args.continue_shipped:
         shipped, earlier = load_pretrained(ansor.Target.host()), provenance()
@@ -279,7 +284,7 @@ def cmd_score(args) -> None:
     from ansor.workloads import workload_label
 
     data, target_key = load_corpus(args.databases, args.target)
-    usable = np.flatnonzero([f.shape[0] > 0 and np.isfinite(c) for f, c in zip(data.features, data.costs)])
+    usable = np.flatnonzero(usable_programs(data))
     truth = normalized_throughputs(data.costs, data.groups)[usable]
     groups = np.array([data.groups[i] for i in usable])
     labels = {}

@@ -200,8 +200,8 @@ class RandomModel(CostModel):
 #: most one new tree per this many programs. Uncapped, a fit on 4-16 programs (depth 10, eta 0.2,
 #: rounds until the training error stops falling) learns to separate those few noisy timings
 #: and reorders every other candidate; capped, the base's ranking stays in charge until the
-#: task's own records can teach something. `tune(trials=16)` of depthwise 128x56x56 over 8 seeds:
-#: median 0.64x -> 0.88x of its 300-trial best; softmax and conv2d_transpose level (BENCHMARKS.md).
+#: task's own records can teach something (16-trial jobs measured with and without the cap:
+#: BENCHMARKS.md).
 PROGRAMS_PER_NEW_TREE = 4
 #: From this many of the task's own programs (one full measured batch) on, fits are not capped.
 CAPPED_FIT_PROGRAMS = 64
