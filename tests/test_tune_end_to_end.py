@@ -103,6 +103,19 @@ def test_build_without_records_measures_a_few_model_ranked_programs(tmp_path, mo
     assert again.record.steps == best.steps
 
 
+def test_a_quick_build_whose_time_runs_out_measures_less_and_still_builds_correct(tmp_path):
+    """The quick search stops starting rounds at `quick_seconds`: fewer programs than asked are
+    measured, and the kernel (the default schedule when nothing was) is still right."""
+    task = matmul_task()
+    db_path = str(tmp_path / "short.db")
+    kernel = ansor.build(task, database=db_path, quick_trials=16, quick_seconds=1e-6)
+    a = np.random.rand(32, 16).astype("float32")
+    b = np.random.rand(16, 24).astype("float32")
+    np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    with Database(db_path) as db:
+        assert db.count(task.workload_key, task.target.key) < 16
+
+
 def test_resumed_run_does_not_remeasure(tmp_path):
     task = matmul_task()
     db_path = str(tmp_path / "r.db")

@@ -46,7 +46,8 @@ def build(what: Any, *args: Any, **kwargs: Any) -> Kernel | CompiledModel:
         what: A `Task`, or a model graph (`ansor.graph.Graph`).
         *args: Passed on to `build_task` or `build_model` (`database` first).
         **kwargs: Passed on likewise: `database`, and for a Task `quick_trials` (0: the untuned
-            default schedule when there is no record) or `state` (compile this program).
+            default schedule when there is no record), `quick_seconds` (the quick search's time)
+            or `state` (compile this program).
 
     Returns:
         A callable `Kernel` for a Task, a callable `CompiledModel` for a graph.

@@ -32,6 +32,11 @@ QUICK_TRIALS = 16
 #: and the point is to answer in seconds. 1024 rather than 512 programs: softmax 1536x128 came
 #: out at 0.051-0.058 ms against 0.065-0.098 (its 300-trial best: 0.055), for 2-4 s more;
 #: matmul, LayerNorm+GELU and depthwise the same either way (BENCHMARKS.md).
+#: Seconds after which a quick search starts no new round (the one under way still measures up
+#: to this deadline): a round takes 4-8 s here (conv2d_transpose 512x4x4: 23-28 s for all three
+#: on an AVX-512 Zen 4), so a slower machine measures fewer programs rather than miss the
+#: promise of a kernel in about half a minute.
+QUICK_SECONDS = 20.0
 QUICK_SEARCH = SearchParams(evolutionary_search_population=1024, evolutionary_search_num_iters=2,
                             sample_init_min_population=32, eps_greedy=0.0)
 
@@ -42,10 +47,11 @@ def has_record(task: Task, db: Database) -> bool:
 
 
 def quick_search(task: Task, database: Database | str | None = None, trials: int = QUICK_TRIALS,
-                 seed: int = 0, progress: bool = False, pretrained: bool | None = None) -> None:
-    """Measure and record the `trials` programs the cost model ranks best (see the module);
-    `pretrained=False` leaves the package's model out (for comparisons; None: the default of
-    `tune`)."""
+                 seed: int = 0, progress: bool = False, pretrained: bool | None = None,
+                 time_budget: float | None = QUICK_SECONDS) -> None:
+    """Measure and record the `trials` programs the cost model ranks best (see the module),
+    fewer when `time_budget` seconds run out first (None: no limit); `pretrained=False` leaves
+    the package's model out (for comparisons; None: the default of `tune`)."""
     db, owned = open_database(database)
     try:
         model = shared_cost_model([task], db, seed, TUNE_DEFAULTS["transfer_programs"], pretrained)
@@ -54,16 +60,18 @@ def quick_search(task: Task, database: Database | str | None = None, trials: int
         # One small job, so its rounds grow (4, 4, 8) like any small job of `tune`'s; against two
         # rounds of 8 the gain is within the run-to-run spread (BENCHMARKS.md).
         tune(task, trials=trials, database=db, policy=policy, measures_per_round=trials,
-             progress=progress, confirm_best=0, first_programs=[default_schedule(task)])
+             progress=progress, confirm_best=0, first_programs=[default_schedule(task)],
+             time_budget=time_budget)
     finally:
         if owned:
             db.close()
 
 
 def build_task(task: Task, database: Database | str | None = None, state: State | None = None,
-               quick_trials: int = QUICK_TRIALS) -> Kernel:
+               quick_trials: int = QUICK_TRIALS, quick_seconds: float | None = QUICK_SECONDS) -> Kernel:
     """The task's fastest recorded program, compiled. With no record, a quick search of
-    `quick_trials` measured programs first (0: the untuned default schedule, nothing measured)."""
+    `quick_trials` measured programs first (0: the untuned default schedule, nothing measured),
+    which starts no new round after `quick_seconds` (None: no limit)."""
     if state is not None:
         return build_kernel(task, state=state)
     if quick_trials < 0:
@@ -72,7 +80,7 @@ def build_task(task: Task, database: Database | str | None = None, state: State 
     try:
         if quick_trials and not has_record(task, db):
             try:
-                quick_search(task, db, quick_trials)
+                quick_search(task, db, quick_trials, time_budget=quick_seconds)
             except DeviceUnavailableError as err:  # nothing can be measured here: build untuned
                 warnings.warn(f"{task.name or 'the task'}: no quick search ({err}); building the "
                               f"untuned default schedule", stacklevel=2)
