@@ -29,17 +29,13 @@ from ansor.tuner import TUNE_DEFAULTS, shared_cost_model, tune
 #: Programs measured when a workload has no record (0: the plain default schedule instead).
 QUICK_TRIALS = 16
 #: Seconds after which a quick search starts no new round (the one under way still measures up
-#: to this deadline): a round takes 2-9 s here (conv2d_transpose 512x4x4: 22-26 s for all three
-#: on an AVX-512 Zen 4), so a slower machine measures fewer programs rather than miss the
-#: promise of a kernel in about half a minute.
+#: to this deadline): a slower machine measures fewer programs rather than miss the promise of
+#: a kernel in about half a minute (round and build times: BENCHMARKS.md).
 QUICK_SECONDS = 20.0
 #: A smaller evolutionary search than tuning's (2048 x 4): the model is all that guides it here,
-#: and the point is to answer in seconds. 1024 rather than 512 programs: softmax 1536x128 came
-#: out at 0.051-0.058 ms against 0.065-0.098 (its 300-trial best: 0.055), for 2-4 s more.
-#: Four generations rather than two: over 12 runs of five held-out workloads the pick went from
-#: 0.84x to 0.87x of the 300-trial best in the geometric mean and from 0.50x to 0.61x at the
-#: worst (depthwise 128x56x56: 0.50/0.60/0.88 -> 0.86/0.84/0.85), for about 50% more search
-#: time (BENCHMARKS.md).
+#: and the point is to answer in seconds. 1024 programs rather than 512 and four generations
+#: rather than two: each gave better picks on held-out workloads (softmax the first, depthwise's
+#: worst seed the second) for a few seconds more (BENCHMARKS.md).
 QUICK_SEARCH = SearchParams(evolutionary_search_population=1024, evolutionary_search_num_iters=4,
                             sample_init_min_population=32, eps_greedy=0.0)
 
