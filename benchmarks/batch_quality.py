@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from ansor.database import Database
+from ansor.store import Database
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ from ansor.baselines import time_torch, torch_available
 from ansor.kernel import compile_state
 from ansor.schedule.state import ScheduleError, State
 from ansor.schedule.steps import steps_from_json
-from ansor.database import open_database
+from ansor.store import open_store
 from ansor.workloads import WORKLOADS, make_task, workload_options
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -75,7 +75,7 @@ def main() -> None:
     shape = tuple(int(x) for x in args.shape.split(","))
     opts = dict(args.option)
     task = make_task(args.workload, shape, **opts)
-    db, owned = open_database(args.database)
+    db, owned = open_store(args.database)
     try:
         best = db.best(task.workload_key, task.target.key, k=1)
     finally:

@@ -26,8 +26,9 @@ import time
 import numpy as np
 
 from ansor.costmodel.model import NOISE_MARGIN, pairwise_accuracy, topk_recall
-from ansor.database import Database, pool_runs
-from ansor.measurer import ProgramMeasurer
+from ansor.records import pool_runs
+from ansor.store import Database
+from ansor.tuning.measurer import ProgramMeasurer
 from ansor.replay import ReplayError, replay, workload_dag
 from ansor.target import Target
 from ansor.task import Task

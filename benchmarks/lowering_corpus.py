@@ -33,7 +33,7 @@ import numpy as np
 from ansor.backend import backend_for
 from ansor.backend import generate_source
 from ansor.costmodel.features import program_features
-from ansor.database import Database
+from ansor.store import Database
 from ansor.lower.lower import lower
 from ansor.schedule.state import State
 from ansor.schedule.steps import steps_from_json

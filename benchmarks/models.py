@@ -187,7 +187,7 @@ def bench(name: str, args) -> dict:
     import ansor
     from ansor.baselines import paired_ratio, time_in_turns
     from ansor.graph.model_tasks import extract_tasks
-    from ansor.graph.tuning import tune_model
+    from ansor.graph.model_tuning import tune_model
 
     module, inputs = make_model(name)
     module = module.eval()

@@ -41,10 +41,10 @@ from pathlib import Path
 import numpy as np
 
 import ansor
-from ansor.costmodel.dataset import Dataset, load_dataset
+from ansor.tuning.dataset import Dataset, load_dataset
 from ansor.costmodel.model import (NOISE_MARGIN, XGBModel, normalized_throughputs, pairwise_accuracy,
                                    topk_recall)
-from ansor.database import Database
+from ansor.store import Database
 from ansor.workloads import make_task
 
 sys.path.insert(0, str(Path(__file__).parent))

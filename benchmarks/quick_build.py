@@ -49,12 +49,12 @@ def checked(kernel, task) -> None:
 def run(label: str, name: str, shape, opts: dict, args) -> dict:
     task = make_task(name, shape, **opts)
     tuned_db = os.path.join(args.tuned, f"{slug(label)}.db")
-    if not os.path.exists(tuned_db) or ansor.database.Database(tuned_db).count() < args.tuned_trials:
+    if not os.path.exists(tuned_db) or ansor.store.Database(tuned_db).count() < args.tuned_trials:
         print(f"{label}: tuning {args.tuned_trials} trials into {tuned_db} first")
         ansor.tune(task, trials=args.tuned_trials, database=tuned_db, progress=False, seed=0,
                    transfer_programs=0, pretrained=False)
     with tempfile.TemporaryDirectory() as tmp:
-        from ansor.quick import QUICK_TRIALS, quick_search
+        from ansor.tuning.quick import QUICK_TRIALS, quick_search
 
         start = time.perf_counter()
         if args.no_pretrained:

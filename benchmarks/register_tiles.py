@@ -17,7 +17,7 @@ import statistics
 import time
 
 from ansor.backend.cpu import generate_c
-from ansor.database import Database
+from ansor.store import Database
 from ansor.kernel import steps_from_json
 from ansor.lower.lower import lower
 from ansor.measure import Builder, MeasureErrorNo, TimingPolicy

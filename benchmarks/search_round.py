@@ -21,7 +21,7 @@ import time
 
 import ansor
 from ansor.costmodel.model import XGBModel
-from ansor.database import Database
+from ansor.store import Database
 from ansor.search.sketch_policy import SketchPolicy
 from ansor.workloads import make_task
 

@@ -33,7 +33,7 @@ import time
 
 import ansor
 from ansor.baselines import time_numpy, time_torch, torch_available
-from ansor.database import open_database
+from ansor.store import open_store
 from ansor.workloads import WORKLOADS, make_task, workload_options
 
 # (label, workload name, shape, options)
@@ -62,7 +62,7 @@ def copy_other_workloads(task, source_dir: str, db_path: str) -> int:
     """Copy into db_path the records of every workload but the task's, from the databases in
     source_dir; returns how many records were copied. A workload with the task's spec under
     another key (declared before its weights were constant) is the task too, and is skipped."""
-    from ansor.database import Database
+    from ansor.store import Database
 
     copied = 0
     seen: set[tuple] = set()  # a database that received copies holds them too: copy each record once
@@ -113,7 +113,7 @@ def tune_and_build(name, shape, opts, trials, policy, seed, db_dir=None, transfe
 def curve_from_database(task, db: str, trials: int) -> list:
     """(trial, best GFLOP/s so far) over the first `trials` records of the task, in the order
     they were measured (what `TuneResult.curve` held for the run that wrote them)."""
-    database, owned = open_database(db)
+    database, owned = open_store(db)
     try:
         records = database.records(task.workload_key, task.target.key)[:trials]
     finally:

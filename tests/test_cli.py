@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from ansor.cli import main
-from ansor.database import Database, Record
+from ansor.records import Record
+from ansor.store import Database
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Tests for the records database (ansor.database)."""
+"""Tests for the records database (ansor.store)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ansor.database import (
-    APPLICATION_ID,
-    RECORD_FORMAT_VERSION,
-    Database,
-    DatabaseError,
-    Record,
-    default_database_path,
-)
+from ansor.records import RECORD_FORMAT_VERSION, DatabaseError, Record
+from ansor.store import Database, default_database_path
+from ansor.store.sqlite import APPLICATION_ID
 
 WK = "matmul-512"
 TK = "llvm -mcpu=x86-64"
@@ -222,7 +217,8 @@ def test_committed_batch_survives_crash(db_path: Path):
     script = textwrap.dedent(
         f"""
         import os
-        from ansor.database import Database, Record
+        from ansor.records import Record
+        from ansor.store import Database
 
         def rec(i):
             return Record({WK!r}, {TK!r}, [["AN", 0, 0, 1]], f"s{{i}}", (1e-3 * (i + 1),), 0, timestamp=float(i))

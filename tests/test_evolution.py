@@ -140,8 +140,8 @@ def test_search_round_with_a_model_proposes_unmeasured_programs():
 def test_warm_up_batches_are_sampled_and_a_trained_model_evolves():
     """While the model's scores are random (warm-up) a batch is plain random sampling, not a
     search round; once it is trained, batches come from evolution."""
-    from ansor.database import Record
-    from ansor.measurer import MeasureResult
+    from ansor.records import Record
+    from ansor.tuning.measurer import MeasureResult
 
     task = make_task("matmul", (32, 32, 32))
     model = XGBModel(num_warmup_sample=8)
@@ -211,8 +211,8 @@ def test_a_batch_can_spread_over_innermost_tile_shapes():
 
 
 def test_policy_learns_from_measurements():
-    from ansor.database import Record
-    from ansor.measurer import MeasureResult
+    from ansor.records import Record
+    from ansor.tuning.measurer import MeasureResult
 
     task = make_task("matmul", (32, 32, 32))
     model = XGBModel(num_warmup_sample=4)
@@ -273,7 +273,7 @@ def test_initial_population_reuses_earlier_draws_and_stays_unmeasured():
 def _fake_records(db, task, n, seed):
     """n sampled programs of `task` with made-up costs, stored as if measured (a cost model
     learns from them; nothing here is compiled)."""
-    from ansor.database import Record
+    from ansor.records import Record
 
     db.add_workload(task.workload_key, task.describe(), task.flop)
     states = SketchPolicy(task, seed=seed).sample(n)
@@ -286,8 +286,8 @@ def _fake_records(db, task, n, seed):
 def test_cost_model_starts_from_other_workloads_of_the_database(tmp_path):
     """With programs of another workload in the database, the full tuner's model is trained
     before this task's first batch: its scores are predictions, not random draws."""
-    from ansor.database import Database
-    from ansor.tuner import MIN_TRANSFER_PROGRAMS, transfer_model
+    from ansor.store import Database
+    from ansor.tuning.transfer import MIN_TRANSFER_PROGRAMS, transfer_model
 
     db = Database(str(tmp_path / "t.db"))
     other = make_task("matmul", (32, 32, 32))

@@ -143,7 +143,7 @@ def _wait_for_workers(proc: subprocess.Popen, db_path: Path) -> set[int]:
 
 
 def test_killed_tuner_leaves_no_worker_and_a_whole_database(tmp_path) -> None:
-    from ansor.database import Database
+    from ansor.store import Database
 
     proc, db_path = _start_tuner(tmp_path)
     family = _wait_for_workers(proc, db_path)

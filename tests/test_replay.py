@@ -9,7 +9,8 @@ import pytest
 
 import ansor
 from ansor import te
-from ansor.database import Database, Record
+from ansor.records import Record
+from ansor.store import Database
 from ansor.replay import ReplayError, dag_from_description, replay, replay_records, workload_dag
 from ansor.schedule.state import State
 from ansor.workloads import make_task
@@ -133,7 +134,7 @@ def test_build_takes_the_best_record_that_replays(db: Database, tmp_path: Path, 
 def test_the_cost_model_data_set_includes_user_computations(db: Database):
     """Transfer learning and `ansor costmodel eval` read records through `load_dataset`: a user
     computation stored with its computation is in it; one stored without it is skipped."""
-    from ansor.costmodel.dataset import load_dataset
+    from ansor.tuning.dataset import load_dataset
     from ansor.search.sketch_policy import SketchPolicy
 
     task = _user_task()

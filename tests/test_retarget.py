@@ -7,12 +7,12 @@ import pytest
 
 import ansor
 from ansor import te
-from ansor.database import Database
+from ansor.store import Database
 from ansor.kernel import compile_state
 from ansor.measure import check_outputs
 from ansor.schedule.state import State
-from ansor.search.retarget import retarget_vector_width, vectorized_splits
-from ansor.tuner import transferred_programs
+from ansor.tuning.retarget import retarget_vector_width, vectorized_splits
+from ansor.tuning.transfer import transferred_programs
 
 
 def matmul_task(M=32, N=64, K=16, target=None):

@@ -9,9 +9,9 @@ import pytest
 
 import ansor
 from ansor import te
-from ansor.callbacks import TuningCallback
-from ansor.database import Database
-from ansor.search.scheduler import GradientScheduler, make_scheduler, weighted_latency
+from ansor.tuning.callbacks import TuningCallback
+from ansor.store import Database
+from ansor.tuning.scheduler import GradientScheduler, make_scheduler, weighted_latency
 
 INF = math.inf
 

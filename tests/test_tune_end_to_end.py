@@ -10,9 +10,9 @@ import pytest
 import ansor
 from ansor import backend as backends
 from ansor.backend import backend_for
-from ansor.tuner import TUNE_DEFAULTS
+from ansor.tuning.options import TuneOptions
 from ansor import te
-from ansor.database import Database, DatabaseError
+from ansor.store import Database, DatabaseError
 from ansor.measure import MeasureErrorNo, TimingPolicy
 from ansor.search.basic import RandomSearchPolicy, default_schedule
 
@@ -124,7 +124,7 @@ def test_resumed_run_does_not_remeasure(tmp_path):
     with Database(db_path) as db:
         recs = db.records(task.workload_key, task.target.key)
     assert len({r.state_key for r in recs}) == 12  # the search never measures a program twice
-    assert len(recs) <= 12 + 2 * TUNE_DEFAULTS["confirm_best"]  # the leaders, confirmed per job
+    assert len(recs) <= 12 + 2 * TuneOptions.confirm_best  # the leaders, confirmed per job
 
 
 def test_the_leaders_are_measured_again_and_the_best_pools_their_runs(tmp_path):
@@ -269,7 +269,7 @@ def test_misdeclared_compute_is_rejected_at_declaration():
 
 
 def test_programs_far_slower_than_the_best_get_one_repeat(tmp_path):
-    from ansor.measurer import ProgramMeasurer
+    from ansor.tuning.measurer import ProgramMeasurer
     from ansor.schedule.state import State
     from ansor.workloads import make_task
 
@@ -296,7 +296,7 @@ def test_programs_far_slower_than_the_best_get_one_repeat(tmp_path):
 
 
 def test_a_resumed_tune_starts_the_measurer_from_the_database_best(tmp_path, monkeypatch):
-    from ansor import tuner as tuner_mod
+    from ansor.tuning import job as tuner_mod
 
     task = matmul_task()
     db = str(tmp_path / "b.db")

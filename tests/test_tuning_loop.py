@@ -15,11 +15,11 @@ import pytest
 
 import ansor
 from ansor import te
-from ansor.callbacks import TuningCallback
-from ansor.database import Database
+from ansor.tuning.callbacks import TuningCallback
+from ansor.store import Database
 from ansor.measure import MeasureErrorNo
 from ansor.report import TuneProgress, error_summary
-from ansor.search.scheduler import RoundRobinScheduler, make_scheduler
+from ansor.tuning.scheduler import RoundRobinScheduler, make_scheduler
 
 
 @pytest.fixture(autouse=True)
@@ -76,7 +76,7 @@ def test_several_tasks_take_rounds_in_turn_with_one_shared_model(tmp_path):
 def test_a_small_job_measures_in_growing_rounds_and_a_large_one_in_full_rounds(tmp_path):
     """In a job of at most SMALL_JOB trials the model is refitted after 4, 4, 8, ... programs, so
     that a 16-trial job does not spend its whole budget on the first blind pick."""
-    from ansor.tuner import FIRST_ROUND, SMALL_JOB
+    from ansor.tuning.job import FIRST_ROUND, SMALL_JOB
 
     small, large = RoundLog(), RoundLog()
     ansor.tune(matmul_task(), trials=16, database=str(tmp_path / "s.db"), seed=0, progress=False,
@@ -89,7 +89,7 @@ def test_a_small_job_measures_in_growing_rounds_and_a_large_one_in_full_rounds(t
 
 
 def test_tasks_share_one_cost_model(tmp_path, monkeypatch):
-    from ansor import tuner as tuner_mod
+    from ansor.tuning import job as tuner_mod
 
     seen = []
     real = tuner_mod.make_policy

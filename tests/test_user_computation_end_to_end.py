@@ -43,7 +43,7 @@ BUILD = '''
 import json
 import numpy as np
 import ansor
-from ansor.database import Database
+from ansor.store import Database
 from declaration import declare
 
 task = declare()

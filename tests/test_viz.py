@@ -17,7 +17,7 @@ import pytest
 
 import ansor
 from ansor.cli import main
-from ansor.database import Database
+from ansor.store import Database
 from ansor.search.annotate_gpu import annotate_program
 from ansor.search.sketch_policy import SketchPolicy
 from ansor.target import Target

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import winograd_split as W  # noqa: E402
 
-from ansor.quick import build_task  # noqa: E402
+from ansor.tuning.quick import build_task  # noqa: E402
 
 
 def test_the_three_kernels_chained_match_a_numpy_convolution():

@@ -1,57 +1,130 @@
-"""`ansor.tune` and `ansor.build`: one pair of front doors for a Task, a list of Tasks or a model.
+"""`ansor.tune`, `ansor.build` and `ansor.visualize`: the front doors for a Task, a list of Tasks
+or a model graph.
 
-A Task (or list) goes to the tuner and the kernel builder; a model graph (`ansor.graph.Graph`)
-to `graph.tuning.tune_model` and `graph.compiled.build_model`, which cut it into tasks first.
+This layer turns what a user passes (keywords, a database path or None) into what the layers
+below take: a `TuneOptions` value, an open record store, and the progress display as one of the
+job's callbacks (the tuning job itself draws nothing).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from typing import Any, Callable, Sequence
 
 from ansor.graph.compiled import CompiledModel, build_model
 from ansor.graph.ir import Graph
-from ansor.graph.tuning import tune_model
+from ansor.graph.model_tuning import tune_model
 from ansor.kernel import Kernel
-from ansor.quick import build_task
-from ansor.tuner import tune as tune_tasks
+from ansor.records import RecordStore
+from ansor.report import TuneProgress
+from ansor.store import open_store
+from ansor.task import Task
+from ansor.tuning.callbacks import RoundCallback, TuningCallback
+from ansor.tuning.job import tune as tune_tasks
+from ansor.tuning.options import TuneOptions
+from ansor.tuning.quick import build_task
+from ansor.tuning.task_tuner import TuneResult
+
+__all__ = ["build", "tune", "visualize"]
 
 
-def tune(what: Any, *args: Any, **kwargs: Any):
-    """Tune a Task, a list of Tasks (see `ansor.tuner.tune`) or a model graph (see
-    `ansor.graph.tuning.tune_model`: the task scheduler over its fused subgraphs).
+def tune(what: Any, trials: int | None = None, *, database: RecordStore | str | None = None,
+         options: TuneOptions | None = None, progress: bool = True,
+         callback: Callable[[TuneResult], None] | None = None, callbacks: Sequence[TuningCallback] = (),
+         **keywords: Any) -> TuneResult | list[TuneResult]:
+    """Tune a Task, a list of Tasks tuned together, or a model graph (its distinct fused
+    subgraphs under the gradient task scheduler).
 
     Every measured program is committed to the database at once, so an interrupted job loses
     nothing, and running the same job again continues from the records.
 
     Args:
-        what: A `Task`, a list of Tasks tuned together, or a model graph (`ansor.graph.Graph`).
-        *args: Passed on to `ansor.tuner.tune` or `tune_model` (`trials` first).
-        **kwargs: Passed on likewise: `trials`, `database`, `time_budget`, `seed`, ...
+        what: A `Task`, a list of Tasks, or a model graph (`ansor.graph.Graph`).
+        trials: Programs to measure in this job (for a graph: in all, the records its tasks
+            already hold counted against them); default 200 for tasks, 1000 for a graph.
+        database: A record store, a path, or None for the default database.
+        options: A `TuneOptions` to start from; the keywords below replace its fields.
+        progress: Whether to show a progress display (a live line per task on a terminal,
+            a line per round otherwise).
+        callback: Called with the task's `TuneResult` after every round.
+        callbacks: `TuningCallback` objects that see every phase, program and round.
+        **keywords: `TuneOptions` fields (`time_budget`, `seed`, `timeout`, `policy`,
+            `scheduler`, `transfer_from`, ...); for a graph also `target`, `resume` and
+            `winograd` (as in `build`).
 
     Returns:
         TuneResult | list[TuneResult]: For one Task, its `TuneResult`; for a list of Tasks, one
             per task in order; for a graph, one per distinct task of the model.
     """
-    if isinstance(what, Graph):
-        return tune_model(what, *args, **kwargs)
-    return tune_tasks(what, *args, **kwargs)
+    hooks = list(callbacks)
+    if callback is not None:
+        hooks.append(RoundCallback(callback))
+    store, owned = open_store(database)
+    try:
+        if isinstance(what, Graph):
+            if options is not None:
+                keywords = {**_changed_fields(options), **keywords}
+            graph_trials = 1000 if trials is None else trials
+            if progress:
+                hooks.append(TuneProgress(timeout=keywords.get("timeout")))
+            notify = (lambda line: print(f"ansor: {line}", file=sys.stderr)) if progress else None
+            return tune_model(what, store, graph_trials, callbacks=hooks, notify=notify, **keywords)
+        if trials is not None:
+            keywords["trials"] = trials
+        opts = TuneOptions.from_keywords(options, **keywords)
+        if progress:
+            hooks.append(TuneProgress(total=opts.trials if isinstance(what, Task) else 0, timeout=opts.timeout))
+        return tune_tasks(what, opts, store, hooks)
+    finally:
+        if owned:
+            store.close()
 
 
-def build(what: Any, *args: Any, **kwargs: Any) -> Kernel | CompiledModel:
+def build(what: Any, database: RecordStore | str | None = None, **keywords: Any) -> Kernel | CompiledModel:
     """A Task's best recorded program as a Kernel (with no record, the best of a quick
-    model-guided search: see `ansor.quick.build_task`), or a model graph compiled with its tasks'
-    best records as a CompiledModel (see `graph.compiled.build_model`).
+    model-guided search, recorded: see `ansor.tuning.quick.build_task`), or a model graph
+    compiled with its tasks' best records as a CompiledModel (see `graph.compiled.build_model`).
 
     Args:
         what: A `Task`, or a model graph (`ansor.graph.Graph`).
-        *args: Passed on to `build_task` or `build_model` (`database` first).
-        **kwargs: Passed on likewise: `database`, and for a Task `quick_trials` (0: the untuned
-            default schedule when there is no record), `quick_seconds` (the quick search's time)
-            or `state` (compile this program).
+        database: A record store, a path, or None for the default database.
+        **keywords: For a Task `quick_trials` (0: the untuned default schedule when there is no
+            record), `quick_seconds` (the quick search's time) or `state` (compile this
+            program); for a graph `target`, `verbose` and `winograd`.
 
     Returns:
         A callable `Kernel` for a Task, a callable `CompiledModel` for a graph.
     """
-    if isinstance(what, Graph):
-        return build_model(what, *args, **kwargs)
-    return build_task(what, *args, **kwargs)
+    store, owned = open_store(database)
+    try:
+        if isinstance(what, Graph):
+            return build_model(what, store, **keywords)
+        return build_task(what, store, **keywords)
+    finally:
+        if owned:
+            store.close()
+
+
+def visualize(what: Any, task: Task | None = None, path: str | None = None, *,
+              database: RecordStore | str | None = None, **keywords: Any):
+    """Explain a program: its tile levels against the caches and its place on the roofline
+    (see `ansor.viz.visualize`). A Record given without its task is rebuilt from `database`
+    (a store or a path; None: the default database, opened read-only)."""
+    from ansor.records import Record
+    from ansor.viz import visualize as visualize_program  # matplotlib only when asked for
+
+    if not (isinstance(what, Record) and task is None):
+        return visualize_program(what, task, path, database=database if isinstance(database, RecordStore) else None,
+                                 **keywords)
+    store, owned = open_store(database, create=False)
+    try:
+        return visualize_program(what, task, path, database=store, **keywords)
+    finally:
+        if owned:
+            store.close()
+
+
+def _changed_fields(options: TuneOptions) -> dict[str, Any]:
+    """The fields of `options` that differ from the defaults (what a caller chose)."""
+    default = TuneOptions()
+    return {name: value for name, value in vars(options).items() if value != getattr(default, name)}

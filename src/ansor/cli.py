@@ -51,7 +51,7 @@ def _shape(text: str) -> tuple[int, ...]:
 def build_parser() -> argparse.ArgumentParser:
     """The parser of the `ansor` command and its subcommands (the documentation's command-line
     reference is generated from it)."""
-    from ansor.tuner import TUNE_DEFAULTS
+    from ansor.tuning.options import TuneOptions
 
     parser = argparse.ArgumentParser(prog="ansor", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -77,9 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--timeout", type=float, default=10.0,
                       help="seconds before a kernel counts as hung (default 10)")
     tune.add_argument("--per-round", type=int, default=64, help="programs measured per round (default 64)")
-    tune.add_argument("--transfer-programs", type=int, default=TUNE_DEFAULTS["transfer_programs"],
+    tune.add_argument("--transfer-programs", type=int, default=TuneOptions.transfer_programs,
                       help="measured programs of the database's other workloads the cost model starts "
-                           f"from; 0: learn from this workload alone (default {TUNE_DEFAULTS['transfer_programs']})")
+                           f"from; 0: learn from this workload alone (default {TuneOptions.transfer_programs})")
     tune.add_argument("--isa", choices=["avx512", "avx2", "generic"], default=None,
                       help="tune for this CPU's instruction set restricted to ISA (default: all it has)")
     tune.add_argument("--cores", type=int, default=None,
@@ -282,7 +282,7 @@ def _main(argv: list[str] | None) -> int:
         parser.print_usage(sys.stderr)
         print("ansor: error: give a command; `ansor --help` lists them", file=sys.stderr)
         return 2
-    from ansor.database import DatabaseError
+    from ansor.store import DatabaseError
     from ansor.measure.errors import DeviceUnavailableError
     from ansor.schedule.state import ScheduleError
 
@@ -372,7 +372,7 @@ def cmd_sample(args) -> int:
 def cmd_viz(args) -> int:
     """The best record of a workload explained: printed, and drawn with -o."""
     import ansor
-    from ansor.database import Database
+    from ansor.store import open_store
     from ansor.replay import replay_records
     from ansor.report import console
     from ansor.viz import visualize
@@ -381,7 +381,7 @@ def cmd_viz(args) -> int:
     if args.output is not None and not args.output.lower().endswith((".png", ".svg")):
         raise ValueError(f"-o {args.output}: the picture is written as PNG or SVG; give a .png or .svg file")
     db_path = args.database or str(ansor.default_database_path())
-    with Database(db_path, create=False) as db:
+    with open_store(db_path, create=False)[0] as db:
         found = next(iter(replay_records(db.best(task.workload_key, task.target.key, k=5), task.dag)), None)
     if found is None:
         shape = ",".join(map(str, args.shape)) if args.shape else None
@@ -493,10 +493,10 @@ def _load_model(path: str):
 def cmd_tune_model(args) -> int:
     import ansor
     from ansor.graph.model_tasks import extract_tasks
-    from ansor.database import open_database
-    from ansor.graph.tuning import estimated_latency, resume_message, spent_trials, tune_model
+    from ansor.graph.model_tuning import estimated_latency, tune_model
     from ansor.interrupts import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, terminate_as_interrupt
-    from ansor.report import console, format_seconds
+    from ansor.report import TuneProgress, console, format_seconds
+    from ansor.store import open_store
 
     if args.trials < 0:
         raise ValueError("--trials must be >= 0")
@@ -507,17 +507,12 @@ def cmd_tune_model(args) -> int:
     console.print(f"[bold]ansor[/] tuning [cyan]{args.model}[/]: {len(model.pieces)} subgraphs, "
                   f"{len(model.tasks)} distinct tasks, {len(model.fallbacks)} on numpy fallback; "
                   f"scheduler {args.scheduler}; records: {db_path}")
-    if args.quiet and os.path.exists(db_path):  # (with progress on, tune_model says it)
-        db, _ = open_database(db_path)
-        with db:
-            spent = spent_trials(model, db)
-        if spent:
-            print(f"ansor: {resume_message(model, spent, args.trials)}", file=sys.stderr)
+    progress = [] if args.quiet else [TuneProgress(timeout=args.timeout)]
     try:
-        with terminate_as_interrupt():
-            results = tune_model(model, trials=args.trials, database=db_path, scheduler=args.scheduler,
-                                 seed=args.seed, timeout=args.timeout, time_budget=args.time_budget,
-                                 progress=not args.quiet)
+        with terminate_as_interrupt(), open_store(db_path)[0] as store:
+            results = tune_model(model, store, args.trials, scheduler=args.scheduler, seed=args.seed,
+                                 timeout=args.timeout, time_budget=args.time_budget, callbacks=progress,
+                                 notify=lambda line: print(f"ansor: {line}", file=sys.stderr))
     except KeyboardInterrupt as exc:
         measured = sum(r.trials for r in getattr(exc, "results", None) or [])
         what = "terminated" if isinstance(exc, Terminated) else "interrupted"
@@ -536,13 +531,13 @@ def cmd_run_model(args) -> int:
 
     import ansor
     from ansor.baselines import time_in_turns
-    from ansor.database import Database
+    from ansor.store import open_store
     from ansor.graph.reference import run_graph
     from ansor.report import comparison_table, console
 
     graph = _load_model(args.model)
     db_path = args.database or str(ansor.default_database_path())
-    with Database(db_path, create=False) as db:
+    with open_store(db_path, create=False)[0] as db:
         compiled = ansor.build(graph, database=db, winograd=not args.no_winograd)
     console.print(compiled.summary())
     rng = np.random.default_rng(0)
@@ -622,12 +617,12 @@ def _random_input(rng, t):
 
 def cmd_show(args) -> int:
     import ansor
-    from ansor.database import Database
+    from ansor.store import open_store
     from ansor.report import console, summary_table
     from ansor.workloads import workload_label
 
     path = args.database or str(ansor.default_database_path())
-    with Database(path, create=False) as db:
+    with open_store(path, create=False)[0] as db:
         summary = db.summary()
         rows = [r for r in summary if not args.workload or _matches(args.workload, r)]
         if not rows:
@@ -670,9 +665,9 @@ def _schedule_text(db, record) -> str:
 
 def cmd_costmodel(args) -> int:
     import ansor
-    from ansor.costmodel.dataset import load_dataset
+    from ansor.tuning.dataset import load_dataset
     from ansor.costmodel.model import evaluate_split
-    from ansor.database import Database
+    from ansor.store import open_store
     from ansor.report import console
 
     if args.cm_command == "info":
@@ -689,7 +684,7 @@ def cmd_costmodel(args) -> int:
     if args.cm_command != "eval":
         raise ValueError("usage: ansor costmodel eval [--database PATH] | ansor costmodel info")
     path = args.database or str(ansor.default_database_path())
-    with Database(path, create=False) as db:
+    with open_store(path, create=False)[0] as db:
         data = load_dataset(db, ansor.Target.host().key)
     if len(data.costs) < 10:
         raise ValueError(f"{path} holds only {len(data.costs)} replayable programs for this target "
@@ -705,9 +700,9 @@ def cmd_costmodel(args) -> int:
 
 def cmd_export(args) -> int:
     import ansor
-    from ansor.database import Database
+    from ansor.store import open_store
 
-    with Database(args.database or ansor.default_database_path(), create=False) as db:
+    with open_store(args.database or ansor.default_database_path(), create=False)[0] as db:
         n = db.export_jsonl(args.path)
     print(f"exported {n} records to {args.path}")
     return 0
@@ -715,9 +710,9 @@ def cmd_export(args) -> int:
 
 def cmd_import(args) -> int:
     import ansor
-    from ansor.database import Database
+    from ansor.store import open_store
 
-    with Database(args.database or ansor.default_database_path()) as db:
+    with open_store(args.database or ansor.default_database_path())[0] as db:
         n = db.import_jsonl(args.path)
     print(f"imported {n} new records from {args.path}")
     return 0

@@ -248,16 +248,16 @@ def compare_workload(name: str, shape: Sequence[int] | None = None, dtype: str =
         shape: Its dimensions (None: the workload's default shape).
         dtype: Element type.
         options: Workload options such as stride and padding (None: the workload's defaults).
-        database: A `Database` or a path; None for the default database.
+        database: A record store or a path; None for the default database.
         rounds: Timing rounds.
         skip: Baselines to leave out, from `BASELINES`.
         quick_trials: Programs the quick search measures when there is no record (None: the
             default of `ansor.build`; 0: the untuned default schedule).
     """
     import ansor
-    from ansor.database import open_database
+    from ansor.store import open_store
     from ansor.measure.check import task_rtol
-    from ansor.quick import has_record
+    from ansor.tuning.quick import has_record
     from ansor.workloads import WORKLOADS, make_task, workload_options
 
     _check_skip(skip)
@@ -265,7 +265,7 @@ def compare_workload(name: str, shape: Sequence[int] | None = None, dtype: str =
     task = make_task(name, shape, dtype, **options)
     w = WORKLOADS[name]
     kwargs = {} if quick_trials is None else {"quick_trials": quick_trials}
-    db, owned = open_database(database)
+    db, owned = open_store(database)
     try:
         had_record = has_record(task, db)
         kernel = ansor.build(task, database=db, **kwargs)
@@ -318,7 +318,7 @@ def compare_model(path: str, database: Any = None, rounds: int = 7, skip: Collec
 
     Args:
         path: An .onnx file with static input shapes.
-        database: A `Database` or a path; None for the default database. A path with no file
+        database: A record store or a path; None for the default database. A path with no file
             is not created: every kernel then runs its untuned default schedule.
         rounds: Timing rounds.
         skip: Baselines to leave out, from `BASELINES`.
@@ -326,7 +326,8 @@ def compare_model(path: str, database: Any = None, rounds: int = 7, skip: Collec
         seed: Seed of the random inputs.
     """
     import ansor
-    from ansor.database import Database, default_database_path
+    from ansor.records import RecordStore
+    from ansor.store import default_database_path, open_store
     from ansor.graph import from_onnx
     from ansor.graph.reference import run_graph
 
@@ -337,17 +338,17 @@ def compare_model(path: str, database: Any = None, rounds: int = 7, skip: Collec
         raise FileNotFoundError(f"{path}: no such file")
     graph = from_onnx(str(path))
     notes: dict[str, str] = {}
-    if isinstance(database, Database):
+    if isinstance(database, RecordStore):
         compiled = ansor.build(graph, database=database, verbose=False)
     else:
         db_path = str(database) if database is not None else str(default_database_path())
         if os.path.exists(db_path):
-            with Database(db_path, create=False) as db:
-                compiled = ansor.build(graph, database=db, verbose=False)
+            store, _ = open_store(db_path, create=False)
         else:
-            with Database(":memory:") as db:
-                compiled = ansor.build(graph, database=db, verbose=False)
+            store, _ = open_store(":memory:")
             notes["ansor"] = f"no database at {db_path}: "
+        with store:
+            compiled = ansor.build(graph, database=store, verbose=False)
     tuned = sum(1 for k in compiled.kernels.values() if k.record is not None)
     notes["ansor"] = notes.get("ansor", "") + (f"{tuned} of {len(compiled.kernels)} kernels tuned, "
                                                f"{len(compiled.tasks.fallbacks)} subgraphs on numpy")

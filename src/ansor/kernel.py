@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ansor.backend import BuiltProgram, backend_for, build_programs
-from ansor.database import Database, Record, open_database
+from ansor.records import Record, RecordStore
 from ansor.measure import (Builder, KernelLibrary, TimingPolicy, aligned_copy, aligned_empty,
                            time_function)
 from ansor.measure.check import check_outputs, task_rtol
@@ -280,19 +280,21 @@ def _entry_name(task: Task) -> str:
     return f"{task.name}_kernel" if task.name else "kernel"
 
 
-def build_many(tasks: Sequence[Task], database: Database | str | None = None,
+def best_program(task: Task, store: RecordStore | None) -> tuple[State, Record | None]:
+    """The task's fastest record that replays here, with its program; the default schedule and
+    None when the store (if any) has none."""
+    if store is not None:
+        found = next(iter(replay_records(store.best(task.workload_key, task.target.key, k=5), task.dag)), None)
+        if found is not None:
+            return found[1], found[0]
+    return default_schedule(task), None
+
+
+def build_many(tasks: Sequence[Task], store: RecordStore | None = None,
                builder: Builder | None = None) -> list[Kernel]:
-    """`build` for several tasks, compiled in parallel: each task's fastest replayable record,
-    else its default schedule (`Kernel.record` is None then)."""
-    db, owned = open_database(database)
-    try:
-        chosen: list[tuple[State, Record | None]] = []
-        for task in tasks:
-            found = next(iter(replay_records(db.best(task.workload_key, task.target.key, k=5), task.dag)), None)
-            chosen.append((found[1], found[0]) if found else (default_schedule(task), None))
-    finally:
-        if owned:
-            db.close()
+    """`build` for several tasks, compiled in parallel: each task's fastest replayable record
+    in `store`, else its default schedule (`Kernel.record` is None then)."""
+    chosen = [best_program(task, store) for task in tasks]
     built: dict[int, BuiltProgram] = {}
     for key in dict.fromkeys(t.target.key for t in tasks):  # one parallel build per target's compiler
         picked = [i for i, t in enumerate(tasks) if t.target.key == key]
@@ -308,9 +310,9 @@ def build_many(tasks: Sequence[Task], database: Database | str | None = None,
     return kernels
 
 
-def build(task: Task, database: Database | str | None = None, state: State | None = None) -> Kernel:
-    """The fastest recorded program of the task on its target, compiled; with no usable record,
-    an untuned default schedule."""
+def build(task: Task, store: RecordStore | None = None, state: State | None = None) -> Kernel:
+    """The fastest recorded program of the task on its target in `store`, compiled; with no
+    usable record, an untuned default schedule."""
     if state is not None:
         return compile_state(task, state)
-    return build_many([task], database)[0]
+    return build_many([task], store)[0]

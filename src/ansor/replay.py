@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Iterable, Iterator
 
 from ansor.dag import ComputeDAG
-from ansor.database import Database, Record
+from ansor.records import Record, RecordStore
 from ansor.schedule.state import State
 from ansor.schedule.steps import steps_from_json
 
@@ -73,7 +73,7 @@ def dag_from_description(description: dict, workload_key: str | None = None) -> 
     return dag
 
 
-def workload_dag(db: Database, workload_key: str) -> ComputeDAG:
+def workload_dag(db: RecordStore, workload_key: str) -> ComputeDAG:
     """The DAG of a workload stored in a database; ReplayError when it cannot be rebuilt."""
     entry = db.workload(workload_key)
     if entry is None:

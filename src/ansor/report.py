@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ansor.callbacks import TuningCallback
+from ansor.tuning.callbacks import TuningCallback
 from ansor.measure.errors import MeasureErrorNo
 
 console = Console(width=None if sys.stdout.isatty() else 110)
@@ -42,7 +42,7 @@ class TuneProgress(TuningCallback):
             self._progress.start()
         key = id(tuner)
         if key not in self._rows:
-            self._rows[key] = self._progress.add_task(task_label(tuner.task), total=self.total or None,
+            self._rows[key] = self._progress.add_task(tuner.task.label, total=self.total or None,
                                                       phase="", best="-")
         return self._rows[key]
 
@@ -77,7 +77,7 @@ class TuneProgress(TuningCallback):
         if self.enabled and not self.live:
             res = tuner.result
             errors = f", {error_summary(res.error_counts, self.timeout)}" if res.errors else ""
-            self._console.print(f"{task_label(tuner.task)}: round {tuner.job_rounds}, {res.trials} program{'s' if res.trials != 1 else ''} measured, "
+            self._console.print(f"{tuner.task.label}: round {tuner.job_rounds}, {res.trials} program{'s' if res.trials != 1 else ''} measured, "
                                 f"best {best_text(res)}{errors} ({time.time() - self._started:.0f} s)",
                                 markup=False, highlight=False, soft_wrap=True)
 
@@ -93,12 +93,7 @@ class TuneProgress(TuningCallback):
             self._console.print(task_table(self._tuners))
 
     def note(self, tuner, text: str) -> None:
-        self._console.print(f"[yellow]{task_label(tuner.task)}: {text}[/]")
-
-
-def task_label(task) -> str:
-    """A task's name and output shape: tasks of one job often share an output name."""
-    return f"{task.name} {'x'.join(map(str, task.outputs[0].shape))}"
+        self._console.print(f"[yellow]{tuner.task.label}: {text}[/]")
 
 
 def task_table(tuners: Sequence) -> Table:
@@ -112,7 +107,7 @@ def task_table(tuners: Sequence) -> Table:
     for t in tuners:
         res = t.result
         share = f"{t.weight * t.best_cost / total:.0%}" if math.isfinite(total) and total > 0 else "-"
-        table.add_row(task_label(t.task), f"{t.weight:g}", format_seconds(t.best_cost),
+        table.add_row(t.task.label, f"{t.weight:g}", format_seconds(t.best_cost),
                       f"{res.best_gflops:.1f}" if res.best_cost < math.inf else "-", str(res.trials), share)
     return table
 

@@ -91,5 +91,11 @@ class Task:
             pass  # attrs that are not JSON data: the records replay where the task is declared
         return d
 
+    @property
+    def label(self) -> str:
+        """The task's name and output shape, for tables and progress: tasks of one model
+        often share an output name."""
+        return f"{self.name} {'x'.join(map(str, self.outputs[0].shape))}"
+
     def __repr__(self) -> str:
         return f"Task({self.name!r}, workload={self.workload_key}, target={self.target.key})"

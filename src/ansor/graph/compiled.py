@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ansor.database import Database
+from ansor.records import RecordStore
 from ansor.graph.ir import Graph
 from ansor.graph.memory_plan import MemoryPlan, PlannedStep, plan_memory
 from ansor.graph.model_tasks import ModelPiece, ModelTasks, extract_tasks
@@ -32,7 +32,6 @@ from ansor.graph.threads import single_threaded_blas
 from ansor.kernel import Kernel, build_many
 from ansor.measure.sequence import KernelSequence
 from ansor.memory import aligned_copy, aligned_empty
-from ansor.report import task_label
 from ansor.target import Target
 
 
@@ -144,7 +143,7 @@ class CompiledModel:
         for key, index in self.tasks.task_index.items():
             k = self.kernels[key]
             cost = f"{k.record.median_cost * 1e3:9.3f} ms" if k.record is not None else "    untuned"
-            lines.append(f"  {cost}  x{self.tasks.weights[index]:<3d} {task_label(k.task)}")
+            lines.append(f"  {cost}  x{self.tasks.weights[index]:<3d} {k.task.label}")
         for p in self.tasks.fallbacks:
             lines.append(f"   fallback      {p.subgraph.label}: {p.fallback_reason}")
         return "\n".join(lines)
@@ -168,14 +167,14 @@ class CompiledModel:
         return export_library(self, path)
 
 
-def build_model(graph: Graph, database: Database | str | None = None, target: Target | None = None,
+def build_model(graph: Graph, store: RecordStore | None = None, target: Target | None = None,
                 verbose: bool = True, winograd: bool = True) -> CompiledModel:
-    """Compile `graph` with the best records of `database` for its tasks (default schedules
+    """Compile `graph` with the best records of `store` for its tasks (default schedules
     for tasks without one; numpy reference kernels for subgraphs without a te form). With
     `winograd` False its 3x3 convolutions stay direct (tune the model the same way, since the
     two forms are different tasks)."""
     tasks = extract_tasks(graph, target, winograd=winograd)
-    compiled = build_many(tasks.tasks, database)
+    compiled = build_many(tasks.tasks, store)
     kernels = {key: compiled[i] for key, i in tasks.task_index.items()}
     if verbose:
         untuned = sum(1 for k in compiled if k.record is None)

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Sequence
 
-from ansor.database import Record
+from ansor.records import Record
 from ansor.schedule.state import State
 from ansor.task import Task
 

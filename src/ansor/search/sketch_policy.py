@@ -12,7 +12,7 @@ import time
 from dataclasses import fields
 from typing import Mapping, Sequence
 
-from ansor.database import Record
+from ansor.records import Record
 from ansor.replay import replay_records
 from ansor.schedule.state import State
 from ansor.search.annotate import multi_level_splits

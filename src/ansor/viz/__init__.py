@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ansor.database import Database, Record
+from ansor.records import Record, RecordStore
 from ansor.kernel import Kernel
 from ansor.lower import ir
 from ansor.replay import ReplayError, replay, workload_dag
@@ -133,7 +133,7 @@ def _check_picture_path(path: str) -> None:
 
 
 def visualize(what: Any, task: Task | None = None, path: str | None = None, *,
-              database: Database | str | None = None, peaks: MachinePeaks | None = None,
+              database: RecordStore | None = None, peaks: MachinePeaks | None = None,
               roofline: bool = True, on_measure: Callable[[str], object] | None = None) -> KernelView:
     """Explain a program: its tile levels against the caches and its place on the roofline.
 
@@ -141,10 +141,11 @@ def visualize(what: Any, task: Task | None = None, path: str | None = None, *,
         what: A `Kernel` (from `ansor.build`), a database `Record`, a `(task, state)` pair, or a
             `State` with `task=`.
         task: The task of a Record or State; for a Record without it, the workload is rebuilt
-            from `database` (default: the default database).
+            from `database`.
         path: Where to draw the picture (.png or .svg); None: no picture (`KernelView.save`
             draws it later).
-        database: Where a Record's workload is looked up when no `task` is given.
+        database: The record store where a Record's workload is looked up when no `task` is
+            given (`ansor.visualize` opens one from a path).
         peaks: This machine's peaks; None: read from the peaks file, measured once if missing.
         roofline: False: no peaks at all (no measurement; the roofline has no roofs).
         on_measure: Called with a message before the peaks are measured (the CLI prints it).
@@ -227,18 +228,16 @@ def _program_of(what: Any, task: Task | None, database) -> tuple[Task, State, Re
     raise TypeError(f"visualize() takes a Kernel, a Record or a (task, state) pair, got {type(what).__name__}")
 
 
-def _task_of_record(record: Record, database) -> Task:
-    db, owned = (database, False) if isinstance(database, Database) else (Database.open_existing(database), True)
+def _task_of_record(record: Record, db: RecordStore | None) -> Task:
+    if db is None:
+        raise ValueError("visualize(record) needs the record's task or the database it came from: "
+                         "visualize(record, task=task) or database=...")
     try:
-        try:
-            dag = workload_dag(db, record.workload_key)
-        except ReplayError as exc:
-            raise ValueError(f"{exc}; pass the record's task: visualize(record, task=task)") from None
-        entry = db.workload(record.workload_key) or {}
-        described = db.target(record.target_key)
-    finally:
-        if owned:
-            db.close()
+        dag = workload_dag(db, record.workload_key)
+    except ReplayError as exc:
+        raise ValueError(f"{exc}; pass the record's task: visualize(record, task=task)") from None
+    entry = db.workload(record.workload_key) or {}
+    described = db.target(record.target_key)
     target = _target_of(record.target_key, described)
     name = (entry.get("description") or {}).get("name") if isinstance(entry, dict) else None
     return Task(dag.inputs + dag.outputs, target=target, name=name)

@@ -1,10 +1,4 @@
-"""The records database: every measured program, kept in one SQLite file.
-
-A tuning run measures candidate programs and each measurement becomes a
-`Record`. A program is stored only as its list of schedule steps (a
-JSON-able list of lists) plus ``state_key``, a canonical string identifying
-the program, so a later run can skip re-measuring it and can replay the best
-one without keeping any compiled artefact.
+"""The default record store: every measured program in one SQLite file.
 
 The file uses SQLite in WAL mode so several processes (a tuner, ``ansor
 show``, a second tuner) can share it; every batch of records is committed in
@@ -21,7 +15,7 @@ so its records can be replayed by a process that never saw the declaration
 (``ansor.replay.workload_dag``). Descriptions written by older versions lack it;
 those of named workloads are rebuilt from their ``"spec"``.
 
-JSONL interchange (`Database.export_jsonl` / `Database.import_jsonl`)
+JSONL interchange (`SQLiteStore.export_jsonl` / `SQLiteStore.import_jsonl`)
 writes one JSON object per line, in this order:
 
 * ``{"workload": {"key": ..., "description": {...}, "flop": ..., "created": ...}}``
@@ -44,23 +38,13 @@ import time
 import urllib.parse
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "APPLICATION_ID",
-    "RECORD_FORMAT_VERSION",
-    "SCHEMA_VERSION",
-    "Database",
-    "DatabaseError",
-    "Record",
-    "default_database_path",
-    "open_database",
-]
+from ansor.records import DatabaseError, Record, canonical_json, is_number, median, pool_runs
 
-#: Version tag written into every record; records with another tag are refused.
-RECORD_FORMAT_VERSION = "ansor-1"
+__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SQLiteStore", "default_database_path"]
 
 #: ``PRAGMA application_id`` stamped on ansor databases ("ANSR" in ASCII), so a
 #: foreign SQLite file is recognised before anything is written into it.
@@ -71,7 +55,6 @@ SCHEMA_VERSION = 1
 
 _BUSY_TIMEOUT_S = 10.0
 _SQLITE_HEADER = b"SQLite format 3\x00"
-_JSON_SEPARATORS = (",", ":")
 
 _SCHEMA = """
 CREATE TABLE meta (
@@ -112,181 +95,6 @@ _RECORD_COLUMNS = (
 )
 
 
-class DatabaseError(Exception):
-    """A records file or JSONL line that cannot be used as it is.
-
-    Raised instead of raw ``sqlite3`` errors so callers (and the CLI) can
-    report one clear message naming the file and the problem.
-    """
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=_JSON_SEPARATORS)
-
-
-def _canonical_steps(steps: Any) -> list:
-    """Return ``steps`` as it will read back from JSON (tuples become lists).
-
-    Normalising on construction makes a fresh record compare equal to the
-    same record loaded from the database, and rejects non-JSON-able steps at
-    the point they are made rather than when the batch is committed.
-    """
-    if not isinstance(steps, (list, tuple)):
-        raise TypeError(f"steps must be a list of steps, got {type(steps).__name__}")
-    try:
-        return json.loads(_dumps(steps))
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"steps are not JSON-serialisable: {exc}") from None
-
-
-def _median(costs: tuple[float, ...]) -> float:
-    ordered = sorted(costs)
-    n = len(ordered)
-    mid = n // 2
-    return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
-
-
-@dataclass(frozen=True)
-class Record:
-    """One measurement of one program on one target.
-
-    ``steps`` is normalised to its JSON form (nested lists) and ``costs`` to
-    a tuple of floats, so records built in memory and records loaded from a
-    file or database compare equal.
-    """
-
-    workload_key: str
-    target_key: str
-    steps: tuple | list
-    state_key: str
-    costs: tuple[float, ...]
-    error_no: int
-    error_msg: str = ""
-    all_cost: float = 0.0
-    timestamp: float = 0.0
-    version: str = RECORD_FORMAT_VERSION
-
-    def __post_init__(self) -> None:
-        for name in ("workload_key", "target_key", "state_key", "error_msg", "version"):
-            if not isinstance(getattr(self, name), str):
-                raise TypeError(f"Record.{name} must be a str, got {type(getattr(self, name)).__name__}")
-        if isinstance(self.costs, (str, bytes)):
-            raise TypeError("Record.costs must be a sequence of numbers")
-        if isinstance(self.error_no, bool) or not isinstance(self.error_no, int):
-            raise TypeError(f"Record.error_no must be an int, got {type(self.error_no).__name__}")
-        set_ = object.__setattr__
-        set_(self, "steps", _canonical_steps(self.steps))
-        set_(self, "costs", tuple(float(c) for c in self.costs))
-        set_(self, "error_no", int(self.error_no))  # plain int even for IntEnum codes
-        set_(self, "all_cost", float(self.all_cost))
-        set_(self, "timestamp", float(self.timestamp))
-
-    # Lists in ``steps`` would make the generated hash fail; these fields
-    # are enough to tell records apart and agree with ``__eq__``.
-    def __hash__(self) -> int:
-        return hash((self.workload_key, self.target_key, self.state_key, self.timestamp, self.error_no, self.costs))
-
-    @property
-    def median_cost(self) -> float:
-        """Median of ``costs`` in seconds; ``math.inf`` for errors or no costs."""
-        if self.error_no != 0 or not self.costs:
-            return math.inf
-        return _median(self.costs)
-
-    @property
-    def ok(self) -> bool:
-        """True when the program ran correctly and has a finite cost."""
-        return math.isfinite(self.median_cost)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON object of `to_json`, with a fixed key order."""
-        return {
-            "version": self.version,
-            "workload_key": self.workload_key,
-            "target_key": self.target_key,
-            "state_key": self.state_key,
-            "steps": self.steps,
-            "costs": list(self.costs),
-            "error_no": self.error_no,
-            "error_msg": self.error_msg,
-            "all_cost": self.all_cost,
-            "timestamp": self.timestamp,
-        }
-
-    def to_json(self) -> str:
-        """One-line JSON (no newline), keys in a stable order for diffable logs."""
-        return _dumps(self.to_dict())
-
-    @classmethod
-    def from_dict(cls, obj: Any) -> Record:
-        """Build a record from a parsed JSON object; raises DatabaseError on bad fields."""
-        if not isinstance(obj, dict):
-            raise DatabaseError(f"record must be a JSON object, got {type(obj).__name__}")
-        version = obj.get("version", RECORD_FORMAT_VERSION)
-        if version != RECORD_FORMAT_VERSION:
-            raise DatabaseError(
-                f"unsupported record version {version!r} (this ansor reads {RECORD_FORMAT_VERSION!r})"
-            )
-        missing = [k for k in ("workload_key", "target_key", "state_key", "steps", "costs", "error_no") if k not in obj]
-        if missing:
-            raise DatabaseError(f"record is missing field(s): {', '.join(missing)}")
-        for name in ("workload_key", "target_key", "state_key"):
-            if not isinstance(obj[name], str):
-                raise DatabaseError(f"record field {name!r} must be a string")
-        if not isinstance(obj["steps"], list):
-            raise DatabaseError("record field 'steps' must be a list")
-        costs = obj["costs"]
-        if not isinstance(costs, list) or not all(_is_number(c) for c in costs):
-            raise DatabaseError("record field 'costs' must be a list of numbers")
-        if isinstance(obj["error_no"], bool) or not isinstance(obj["error_no"], int):
-            raise DatabaseError("record field 'error_no' must be an integer")
-        error_msg = obj.get("error_msg", "")
-        if not isinstance(error_msg, str):
-            raise DatabaseError("record field 'error_msg' must be a string")
-        for name in ("all_cost", "timestamp"):
-            if not _is_number(obj.get(name, 0.0)):
-                raise DatabaseError(f"record field {name!r} must be a number")
-        return cls(
-            workload_key=obj["workload_key"],
-            target_key=obj["target_key"],
-            steps=obj["steps"],
-            state_key=obj["state_key"],
-            costs=tuple(costs),
-            error_no=obj["error_no"],
-            error_msg=error_msg,
-            all_cost=obj.get("all_cost", 0.0),
-            timestamp=obj.get("timestamp", 0.0),
-            version=version,
-        )
-
-    @classmethod
-    def from_json(cls, line: str) -> Record:
-        """Parse one `to_json` line; raises DatabaseError naming the problem."""
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:
-            raise DatabaseError(f"invalid JSON: {exc}") from None
-        return cls.from_dict(obj)
-
-
-def pool_runs(records: Iterable[Record]) -> list[tuple[Record, tuple[float, ...]]]:
-    """(first record, costs of all its ok runs) per distinct program, in first-measurement
-    order; a program with no ok run gets no costs."""
-    firsts: dict[str, Record] = {}
-    runs: dict[str, list[float]] = {}
-    for rec in records:
-        if rec.state_key not in firsts:
-            firsts[rec.state_key] = rec
-            runs[rec.state_key] = []
-        if rec.ok:
-            runs[rec.state_key] += rec.costs
-    return [(rec, tuple(runs[key])) for key, rec in firsts.items()]
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def default_database_path() -> Path:
     """Where records live when no path is given.
 
@@ -302,7 +110,7 @@ def default_database_path() -> Path:
     return base / "ansor" / "ansor.db"
 
 
-class Database:
+class SQLiteStore:
     """Records of measured programs, with the workloads and targets they belong to.
 
     Usable as a context manager. Safe to open several times on one file,
@@ -325,7 +133,7 @@ class Database:
         self._conn: sqlite3.Connection | None = self._open()
 
     @classmethod
-    def open_existing(cls, path: str | os.PathLike[str] | None = None) -> Database:
+    def open_existing(cls, path: str | os.PathLike[str] | None = None) -> SQLiteStore:
         """An existing database, read-only (see `create=False`)."""
         return cls(path, create=False)
 
@@ -538,14 +346,14 @@ class Database:
     def _row_from_record(rec: Record) -> tuple:
         if not isinstance(rec, Record):
             raise TypeError(f"expected a Record, got {type(rec).__name__}")
-        median = rec.median_cost
+        cost = rec.median_cost
         return (
             rec.workload_key,
             rec.target_key,
             rec.state_key,
-            _dumps(rec.steps),
-            _dumps(list(rec.costs)),
-            median if math.isfinite(median) else None,
+            canonical_json(rec.steps),
+            canonical_json(list(rec.costs)),
+            cost if math.isfinite(cost) else None,
             rec.error_no,
             rec.error_msg,
             rec.all_cost,
@@ -571,11 +379,11 @@ class Database:
         """Register a workload. An existing key is left as it is (keys identify content), except
         that a description without the computation (written by an older ansor) gains it."""
         with self._cursor("add_workload", write=True) as conn:
-            _upsert_workloads(conn, [(key, _dumps(description), float(flop), time.time())])
+            _upsert_workloads(conn, [(key, canonical_json(description), float(flop), time.time())])
 
     def add_target(self, key: str, description: dict) -> None:
         """Register a target; an existing key is left as it is."""
-        desc = _dumps(description)
+        desc = canonical_json(description)
         with self._cursor("add_target", write=True) as conn:
             conn.execute("INSERT OR IGNORE INTO targets (key, description) VALUES (?, ?)", (key, desc))
 
@@ -654,7 +462,7 @@ class Database:
         if k <= 0:
             return []
         pooled = pool_runs(self.records(workload_key, target_key, ok_only=True))
-        ranked = sorted(pooled, key=lambda pair: _median(pair[1]))  # stable: earlier first
+        ranked = sorted(pooled, key=lambda pair: median(pair[1]))  # stable: earlier first
         out = []
         for rec, costs in ranked[:k]:
             if len(costs) != len(rec.costs):
@@ -727,7 +535,7 @@ class Database:
     ) -> int:
         """Write matching records (preceded by their workloads and targets) as JSONL.
 
-        See the module docstring of `ansor.database` for the line format. Returns the number of
+        See the module docstring of `ansor.store` for the line format. Returns the number of
         records written.
         """
         where, params = self._where(workload_key, target_key)
@@ -740,13 +548,13 @@ class Database:
                 params,
             ):
                 entry = {"key": key, "description": json.loads(desc), "flop": flop, "created": created}
-                fh.write(_dumps({"workload": entry}) + "\n")
+                fh.write(canonical_json({"workload": entry}) + "\n")
             for key, desc in conn.execute(
                 "SELECT key, description FROM targets"
                 f" WHERE key IN (SELECT DISTINCT target_key FROM records{where}) ORDER BY key",
                 params,
             ):
-                fh.write(_dumps({"target": {"key": key, "description": json.loads(desc)}}) + "\n")
+                fh.write(canonical_json({"target": {"key": key, "description": json.loads(desc)}}) + "\n")
             for row in conn.execute(f"SELECT {_RECORD_COLUMNS} FROM records{where} ORDER BY id", params):
                 fh.write(self._record_from_row(row).to_json() + "\n")
                 n += 1
@@ -794,7 +602,7 @@ class Database:
         """Whether `close` has been called (the object can no longer read or write)."""
         return self._conn is None
 
-    def __enter__(self) -> Database:
+    def __enter__(self) -> SQLiteStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -802,7 +610,7 @@ class Database:
 
     def __repr__(self) -> str:
         state = "closed" if self._conn is None else "open"
-        return f"Database({str(self.path)!r}, {state})"
+        return f"SQLiteStore({str(self.path)!r}, {state})"
 
 
 def _upsert_workloads(conn: sqlite3.Connection, rows: Iterable[tuple]) -> None:
@@ -868,9 +676,9 @@ def _workload_row(entry: Any) -> tuple:
         raise DatabaseError("workload entry must have an object 'description'")
     flop = entry.get("flop", 0.0)
     created = entry.get("created", time.time())
-    if not _is_number(flop) or not _is_number(created):
+    if not is_number(flop) or not is_number(created):
         raise DatabaseError("workload 'flop' and 'created' must be numbers")
-    return (entry["key"], _dumps(entry["description"]), float(flop), float(created))
+    return (entry["key"], canonical_json(entry["description"]), float(flop), float(created))
 
 
 def _target_row(entry: Any) -> tuple:
@@ -878,12 +686,4 @@ def _target_row(entry: Any) -> tuple:
         raise DatabaseError("target entry must be an object with a string 'key'")
     if not isinstance(entry.get("description"), dict):
         raise DatabaseError("target entry must have an object 'description'")
-    return (entry["key"], _dumps(entry["description"]))
-
-
-def open_database(database: Database | str | os.PathLike[str] | None) -> tuple[Database, bool]:
-    """(database, whether the caller owns it and must close it): a Database object as given,
-    else the file at the path, else the default database."""
-    if isinstance(database, Database):
-        return database, False
-    return Database(database if database is not None else default_database_path()), True
+    return (entry["key"], canonical_json(entry["description"]))

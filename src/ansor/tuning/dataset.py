@@ -8,7 +8,7 @@ from typing import Collection
 
 import numpy as np
 
-from ansor.database import Database, pool_runs
+from ansor.records import RecordStore, pool_runs
 from ansor.target import Target
 
 
@@ -20,7 +20,7 @@ class Dataset:
     skipped: int = 0
 
 
-def load_dataset(db: Database, target_key: str, exclude_workloads: Collection[str] = (),
+def load_dataset(db: RecordStore, target_key: str, exclude_workloads: Collection[str] = (),
                  max_per_workload: int | None = None, feature_target: Target | None = None,
                  group_prefix: str = "") -> Dataset:
     """One sample per program of the target whose workload can be rebuilt (every workload

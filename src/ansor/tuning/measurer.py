@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Callable, Sequence
 
 from ansor.backend import backend_for
-from ansor.database import Record
+from ansor.records import Record
 from ansor.measure import Builder, MeasureErrorNo, Runner, TimingPolicy
 from ansor.measure.check import task_rtol
 from ansor.schedule.state import State

@@ -14,13 +14,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from ansor.callbacks import TuningCallback
-from ansor.measurer import MeasureResult, ProgramMeasurer
+from ansor.tuning.callbacks import TuningCallback
+from ansor.tuning.measurer import MeasureResult, ProgramMeasurer
 from ansor.schedule.state import State
 from ansor.search.policy import SearchPolicy
 from ansor.task import Task
 
-#: The phase of a round before compiling and measuring (see `ansor.measurer` for the others).
+#: The phase of a round before compiling and measuring (see `ansor.tuning.measurer` for the others).
 PHASE_SEARCHING = "searching"
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from ansor.database import Database
+from ansor.records import RecordStore
 from ansor.interrupts import signals_deferred
 
 if TYPE_CHECKING:  # imported for annotations only: the tuner imports this module
-    from ansor.measurer import MeasureResult
-    from ansor.task_tuner import TaskTuner
+    from ansor.tuning.measurer import MeasureResult
+    from ansor.tuning.task_tuner import TaskTuner
 
 
 class TuningCallback:
@@ -40,7 +40,7 @@ class RecordToDatabase(TuningCallback):
     """Commits every measured program's record as soon as it exists, with the signals held
     back for the commit, so an interrupt loses nothing that was measured."""
 
-    def __init__(self, database: Database) -> None:
+    def __init__(self, database: RecordStore) -> None:
         self.database = database
         self.committed = 0  # records written by this job
 

@@ -6,15 +6,16 @@ tens of times slower than a tuned one. Now it runs one short search instead: the
 some) ranks candidates that a small evolutionary search proposes, the few best are compiled
 and measured (correctness checked, as always) beside the default schedule, recorded, and the
 fastest is built. Rounds of 4, 4 and 8 programs (the model is refitted on each round's
-measurements before it picks the next: `tuner.FIRST_ROUND`), seconds in all; the records make
+measurements before it picks the next: `tuning.job.FIRST_ROUND`), seconds in all; the records make
 the next build (and a later `tune`) start from them.
 """
 
 from __future__ import annotations
 
 import warnings
+from typing import Sequence
 
-from ansor.database import Database, open_database
+from ansor.records import RecordStore
 from ansor.kernel import Kernel
 from ansor.kernel import build as build_kernel
 from ansor.measure.errors import DeviceUnavailableError
@@ -24,7 +25,10 @@ from ansor.search.basic import default_schedule
 from ansor.search.params import SearchParams
 from ansor.search.sketch_policy import SketchPolicy
 from ansor.task import Task
-from ansor.tuner import TUNE_DEFAULTS, shared_cost_model, tune
+from ansor.tuning.callbacks import TuningCallback
+from ansor.tuning.job import tune
+from ansor.tuning.options import TuneOptions
+from ansor.tuning.transfer import shared_cost_model
 
 #: Programs measured when a workload has no record (0: the plain default schedule instead).
 QUICK_TRIALS = 16
@@ -40,50 +44,42 @@ QUICK_SEARCH = SearchParams(evolutionary_search_population=1024, evolutionary_se
                             sample_init_min_population=32, eps_greedy=0.0)
 
 
-def has_record(task: Task, db: Database) -> bool:
+def has_record(task: Task, db: RecordStore) -> bool:
     """Whether the database holds a program of the task that replays."""
     return any(True for _ in replay_records(db.best(task.workload_key, task.target.key, k=5), task.dag))
 
 
-def quick_search(task: Task, database: Database | str | None = None, trials: int = QUICK_TRIALS,
-                 seed: int = 0, progress: bool = False, pretrained: bool | None = None,
-                 time_budget: float | None = QUICK_SECONDS) -> None:
-    """Measure and record the `trials` programs the cost model ranks best (see the module),
-    fewer when `time_budget` seconds run out first (None: no limit); `pretrained=False` leaves
-    the package's model out (for comparisons; None: the default of `tune`)."""
-    db, owned = open_database(database)
-    try:
-        model = shared_cost_model([task], db, seed, TUNE_DEFAULTS["transfer_programs"], pretrained)
-        policy = SketchPolicy(task, seed, params=QUICK_SEARCH, cost_model=model)
-        # The default schedule is one of the candidates: the quick build is never slower than it.
-        # One small job, so its rounds grow (4, 4, 8) like any small job of `tune`'s; against two
-        # rounds of 8 the gain is within the run-to-run spread (BENCHMARKS.md).
-        tune(task, trials=trials, database=db, policy=policy, measures_per_round=trials,
-             progress=progress, confirm_best=0, first_programs=[default_schedule(task)],
-             time_budget=time_budget)
-    finally:
-        if owned:
-            db.close()
+def quick_search(task: Task, store: RecordStore, trials: int = QUICK_TRIALS, seed: int = 0,
+                 pretrained: bool | None = None, time_budget: float | None = QUICK_SECONDS,
+                 callbacks: Sequence[TuningCallback] = ()) -> None:
+    """Measure and record in `store` the `trials` programs the cost model ranks best (see the
+    module), fewer when `time_budget` seconds run out first (None: no limit);
+    `pretrained=False` leaves the package's model out (for comparisons; None: the default of
+    `tune`)."""
+    model = shared_cost_model([task], store, seed, TuneOptions.transfer_programs, pretrained)
+    policy = SketchPolicy(task, seed, params=QUICK_SEARCH, cost_model=model)
+    # The default schedule is one of the candidates: the quick build is never slower than it.
+    # One small job, so its rounds grow (4, 4, 8) like any small job of `tune`'s; against two
+    # rounds of 8 the gain is within the run-to-run spread (BENCHMARKS.md).
+    options = TuneOptions(trials=trials, policy=policy, measures_per_round=max(1, trials), confirm_best=0,
+                          first_programs=[default_schedule(task)], time_budget=time_budget)
+    tune(task, options, store, callbacks)
 
 
-def build_task(task: Task, database: Database | str | None = None, state: State | None = None,
+def build_task(task: Task, store: RecordStore | None = None, state: State | None = None,
                quick_trials: int = QUICK_TRIALS, quick_seconds: float | None = QUICK_SECONDS) -> Kernel:
-    """The task's fastest recorded program, compiled. With no record, a quick search of
-    `quick_trials` measured programs first (0: the untuned default schedule, nothing measured),
-    which starts no new round after `quick_seconds` (None: no limit)."""
+    """The task's fastest program in `store`, compiled. With no record, a quick search of
+    `quick_trials` measured programs first, recorded in the store (0: the untuned default
+    schedule, nothing measured), which starts no new round after `quick_seconds` (None: no
+    limit)."""
     if state is not None:
         return build_kernel(task, state=state)
     if quick_trials < 0:
         raise ValueError(f"quick_trials must be >= 0, got {quick_trials}")
-    db, owned = open_database(database)
-    try:
-        if quick_trials and not has_record(task, db):
-            try:
-                quick_search(task, db, quick_trials, time_budget=quick_seconds)
-            except DeviceUnavailableError as err:  # nothing can be measured here: build untuned
-                warnings.warn(f"{task.name or 'the task'}: no quick search ({err}); building the "
-                              f"untuned default schedule", stacklevel=2)
-        return build_kernel(task, db)
-    finally:
-        if owned:
-            db.close()
+    if store is not None and quick_trials and not has_record(task, store):
+        try:
+            quick_search(task, store, quick_trials, time_budget=quick_seconds)
+        except DeviceUnavailableError as err:  # nothing can be measured here: build untuned
+            warnings.warn(f"{task.name or 'the task'}: no quick search ({err}); building the "
+                          f"untuned default schedule", stacklevel=2)
+    return build_kernel(task, store)
