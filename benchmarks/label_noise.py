@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from ansor.costmodel.model import NOISE_MARGIN, pairwise_accuracy, topk_recall
+from ansor.costmodel.metrics import NOISE_MARGIN, pairwise_accuracy, topk_recall
 from ansor.records import pool_runs
 from ansor.store import Database
 from ansor.tuning.measurer import ProgramMeasurer

@@ -42,8 +42,8 @@ import numpy as np
 
 import ansor
 from ansor.tuning.dataset import Dataset, load_dataset
-from ansor.costmodel.model import (NOISE_MARGIN, XGBModel, normalized_throughputs, pairwise_accuracy,
-                                   topk_recall)
+from ansor.costmodel.metrics import NOISE_MARGIN, pairwise_accuracy, topk_recall
+from ansor.costmodel.model import XGBModel, normalized_throughputs
 from ansor.store import Database
 from ansor.workloads import make_task
 

@@ -1,25 +1,18 @@
-"""Tests for the learned cost models (ansor.costmodel.model) on synthetic features."""
+"""Tests for the learned cost models (ansor.costmodel) on synthetic features, and for the model
+shipped in the package."""
 
 from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
 
-
-
-from ansor.costmodel.model import (  # noqa: E402
-    RandomModel,
-    XGBModel,
-    evaluate_split,
-    is_failed_cost,
-    normalized_throughputs,
-    pairwise_accuracy,
-    r2_score,
-    topk_recall,
-)
+from ansor.costmodel.metrics import evaluate_split, pairwise_accuracy, r2_score, topk_recall
+from ansor.costmodel.model import RandomModel, XGBModel, is_failed_cost, normalized_throughputs
+from ansor.target import Target
 
 F = 164
 _W = np.random.default_rng(1234).normal(size=8)
@@ -269,7 +262,7 @@ def test_pairwise_accuracy_with_a_margin_ignores_pairs_within_the_noise():
     assert pairwise_accuracy(pred, true) == pytest.approx(5 / 6)
     assert pairwise_accuracy(pred, true, margin=0.05) == 1.0
     assert pairwise_accuracy(pred, true, margin=10.0) != pairwise_accuracy(pred, true, margin=10.0)  # no pair: NaN
-    from ansor.costmodel.model import _share_of_close_pairs
+    from ansor.costmodel.metrics import _share_of_close_pairs
     assert _share_of_close_pairs(np.array(true), ["a"] * 4, 0.05) == pytest.approx(1 / 6)
     assert _share_of_close_pairs(np.array(true), ["a", "b", "a", "b"], 0.05) == 0.0  # the close pair spans groups
 
@@ -372,18 +365,137 @@ def test_a_few_programs_add_few_trees_to_a_base_and_a_full_batch_is_uncapped(tra
     assert model.booster.num_boosted_rounds() - base_rounds > CAPPED_FIT_PROGRAMS // PROGRAMS_PER_NEW_TREE
 
 
-def test_pretrained_model_loads_from_the_package_directory(trained, tmp_path, monkeypatch):
-    import ansor
+# ------------------------------------------------------------------ the shipped model
+
+
+@pytest.fixture
+def fresh_pretrained(monkeypatch):
+    """The pretrained module with no model parsed yet and no target warned about in this test."""
     from ansor.costmodel import pretrained
 
+    pretrained._shipped_booster.cache_clear()
+    monkeypatch.setattr(pretrained, "_warned_targets", set())
+    yield pretrained
+    pretrained._shipped_booster.cache_clear()
+
+
+def _like_the_training_machines() -> Target:
+    """A CPU target with the ISA and core count the shipped model was trained on."""
+    from ansor.costmodel.pretrained import provenance
+
+    isa, cores = provenance()["target"].rsplit("-", 2)[1:]
+    return Target("cpu", isa, int(cores.rstrip("c")), 64, 64)
+
+
+def test_pretrained_model_loads_from_the_package_directory(trained, tmp_path, monkeypatch, fresh_pretrained):
+    import ansor
+
+    pretrained = fresh_pretrained
     monkeypatch.setattr(pretrained, "PRETRAINED_DIR", tmp_path)
     target = ansor.Target.host()
     assert pretrained.load_pretrained(target) is None  # no model for this kind: None, no error
     base, test_f, _ = trained
-    pretrained.save_pretrained(base, {"programs": 600})
-    assert pretrained.provenance() == {"programs": 600}
+    pretrained.save_pretrained(base, {"programs": 600, "continued_from": {"programs": 5, "fingerprint": {}}})
+    info = pretrained.provenance()
+    assert info["programs"] == 600 and info["continued_from"] == {"programs": 5}  # only its own fingerprint
+    assert info["fingerprint"]["probe_rows"] == len(info["fingerprint"]["probe_predictions"]) > 0
     loaded = pretrained.load_pretrained(target)
     assert loaded is not None and loaded.pretrained and loaded.booster is None
     np.testing.assert_allclose(loaded.predict(test_f), base.predict(test_f), rtol=1e-6)
     (tmp_path / "cpu.model.json").write_text("{not json")
-    assert pretrained.load_pretrained(target) is None  # damaged: ignored, tuning goes on without
+    with pytest.warns(pretrained.PretrainedModelWarning, match="does not load"):
+        assert pretrained.load_pretrained(target) is None  # damaged: said, and tuning goes on without
+
+
+def test_the_shipped_model_is_used_only_while_it_reproduces_its_fingerprint(tmp_path, monkeypatch,
+                                                                             fresh_pretrained):
+    """The package's model file, loaded for real: it predicts its probe rows as its provenance
+    says. A probe that no longer matches (another xgboost reading the trees otherwise), a
+    provenance of other features, a missing fingerprint or a damaged file each say why and
+    leave the model out."""
+    from ansor.costmodel.fingerprint import mismatch
+
+    pretrained = fresh_pretrained
+    monkeypatch.setenv(pretrained.ENV_SWITCH, "1")  # tests start with the shipped model off
+    assert pretrained.enabled_by_default()
+    target = _like_the_training_machines()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pretrained.PretrainedModelWarning)
+        shipped = pretrained.load_pretrained(target)
+    assert shipped is not None and shipped.pretrained
+    assert mismatch(shipped.base, pretrained.provenance()["fingerprint"]) is None
+
+    info = pretrained.provenance()
+    real_model = pretrained.model_file()
+    (tmp_path / "cpu.model.json").symlink_to(real_model)
+    monkeypatch.setattr(pretrained, "PRETRAINED_DIR", tmp_path)
+
+    def load_with(provenance: dict) -> object:
+        pretrained.provenance_file().write_text(json.dumps(provenance))
+        return pretrained.load_pretrained(target)
+
+    shifted = [p + 0.5 for p in info["fingerprint"]["probe_predictions"]]  # base_score read otherwise
+    with pytest.warns(pretrained.PretrainedModelWarning, match=r"xgboost .*probe rows differently"):
+        assert load_with(info | {"fingerprint": info["fingerprint"] | {"probe_predictions": shifted}}) is None
+    with pytest.warns(pretrained.PretrainedModelWarning, match="another feature schema"):
+        assert load_with(info | {"fingerprint": info["fingerprint"] | {"feature_schema": "sha256:0"}}) is None
+    with pytest.warns(pretrained.PretrainedModelWarning, match="no fingerprint"):
+        assert load_with({k: v for k, v in info.items() if k != "fingerprint"}) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pretrained.PretrainedModelWarning)
+        assert load_with(info) is not None  # the provenance as shipped: used again
+
+    (tmp_path / "cpu.model.json").unlink()
+    (tmp_path / "cpu.model.json").write_bytes(real_model.read_bytes()[:100_000])  # a cut-off download
+    with pytest.warns(pretrained.PretrainedModelWarning, match=r"cpu\.model\.json not used .*does not load"):
+        assert pretrained.load_pretrained(target) is None
+
+
+def test_write_fingerprint_brings_the_provenance_in_line_with_the_model(trained, tmp_path, monkeypatch,
+                                                                       fresh_pretrained):
+    pretrained = fresh_pretrained
+    monkeypatch.setattr(pretrained, "PRETRAINED_DIR", tmp_path)
+    base, _, _ = trained
+    pretrained.save_pretrained(base, {"programs": 600})
+    info = pretrained.provenance()
+    info["fingerprint"]["probe_predictions"][0] += 1.0
+    pretrained.provenance_file().write_text(json.dumps(info))
+    assert pretrained.main([]) == 1  # the check says the model no longer matches
+    assert pretrained.main(["--write-fingerprint"]) == 0
+    assert pretrained.main([]) == 0
+    assert pretrained.provenance()["programs"] == 600  # the rest of the provenance is kept
+
+
+def test_a_target_unlike_the_training_machines_is_said_once_and_the_model_still_used(fresh_pretrained):
+    pretrained = fresh_pretrained
+    trained_on = _like_the_training_machines()
+    other = Target("cpu", "avx2" if trained_on.isa != "avx2" else "generic", trained_on.num_cores + 6, 32, 64)
+    with pytest.warns(pretrained.PretrainedModelWarning, match="another ISA or core count"):
+        assert pretrained.load_pretrained(other) is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pretrained.PretrainedModelWarning)
+        assert pretrained.load_pretrained(other) is not None  # said once
+        assert pretrained.load_pretrained(trained_on) is not None  # a training machine: nothing to say
+
+
+def test_feature_schema_hash_follows_names_and_their_order():
+    from ansor.costmodel.features import FEATURE_NAMES
+    from ansor.costmodel.fingerprint import feature_schema_hash
+
+    assert feature_schema_hash(FEATURE_NAMES) == feature_schema_hash()
+    swapped = (FEATURE_NAMES[1], FEATURE_NAMES[0], *FEATURE_NAMES[2:])
+    assert feature_schema_hash(swapped) != feature_schema_hash()
+    assert feature_schema_hash(FEATURE_NAMES[:-1]) != feature_schema_hash()
+
+
+def test_probe_rows_are_fixed_and_look_like_features():
+    """The probe rows are part of every stored fingerprint: they must come out the same in every
+    process and numpy version (a fixed integer hash, not numpy's generators)."""
+    from ansor.costmodel.fingerprint import probe_rows
+
+    rows = probe_rows()
+    assert rows.shape == (16, F) and rows.dtype == np.float32
+    assert not rows[0].any() and rows[1:].any(axis=1).all()
+    assert 0.2 < float(np.mean(rows == 0)) < 0.5 and rows.max() <= 24.0
+    np.testing.assert_array_equal(rows, probe_rows())
+    np.testing.assert_allclose(rows[1, :3], [9.529005, 5.2896056, 14.009501], rtol=1e-6)

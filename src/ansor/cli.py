@@ -666,7 +666,7 @@ def _schedule_text(db, record) -> str:
 def cmd_costmodel(args) -> int:
     import ansor
     from ansor.tuning.dataset import load_dataset
-    from ansor.costmodel.model import evaluate_split
+    from ansor.costmodel.metrics import evaluate_split
     from ansor.store import open_store
     from ansor.report import console
 
