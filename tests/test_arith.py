@@ -121,3 +121,28 @@ def test_recombined_divisions_keep_their_value(seed):
     for _ in range(40):
         env = {id(v): rng.randint(*ranges[id(v)]) for v in vs}
         assert _value(simplified, env) == _value(expr, env)
+
+
+def test_loads_of_different_buffers_at_one_index_are_different_values():
+    """max(A[i], B[i]) of integers once compiled to B[i] (and a gather's A[R[i] * 2 + K[i]] to
+    K[i] * 6): the simplifier keyed a load by its index alone, and a cast without its dtype.
+    Checked against numpy; the gather is covered by ONNX's GatherND cases."""
+    import numpy as np
+
+    from ansor import te
+    from ansor.kernel import build
+    from ansor.task import Task
+
+    n = 16
+    a = te.placeholder((n,), "int32", name="A")
+    b = te.placeholder((n,), "int32", name="B")
+    c = te.compute((n,), lambda i: te.maximum(a[i], b[i]), name="C")
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(-50, 50, n).astype("int32"), rng.integers(-50, 50, n).astype("int32")
+    np.testing.assert_array_equal(build(Task([a, b, c]))(x, y), np.maximum(x, y))
+
+    f = te.placeholder((n,), "float32", name="F")
+    wide = te.compute((n,), lambda i: te.cast(te.cast(f[i], "int64") + te.cast(f[i], "int32"), "float32"),
+                      name="W")
+    v = (rng.standard_normal(n) * 100).astype("float32")
+    np.testing.assert_array_equal(build(Task([f, wide]))(v), (v.astype("int64") + v.astype("int32")).astype("float32"))

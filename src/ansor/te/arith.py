@@ -108,8 +108,17 @@ def atom_key(expr: E.Expr) -> int | str:
     if t is E.TensorRead:
         return f"T{id(expr.tensor)}[" + ",".join(_key_text(i) for i in expr.indices) + "]"
     inner = ",".join(_key_text(c) for c in expr.children())
-    tag = getattr(expr, "op", getattr(expr, "func", t.__name__))
-    return f"{t.__name__}:{tag}({inner})"
+    tag = getattr(expr, "op", getattr(expr, "func", getattr(expr, "combiner", t.__name__)))
+    # what a node holds besides its children is part of its identity: the buffer a load reads
+    # (two loads at the same index of different buffers are different values), its dtype (a
+    # cast to int32 is not a cast to int64), a reduction's axes
+    owner = getattr(expr, "buffer", None)
+    if owner is not None:
+        tag = f"{tag}@{id(owner)}"
+    axes = getattr(expr, "axes", None)
+    if axes:
+        tag = f"{tag}/" + ",".join(str(id(a)) for a in axes)
+    return f"{t.__name__}:{tag}:{expr.dtype}({inner})"
 
 
 def _key_text(expr: E.Expr) -> str:

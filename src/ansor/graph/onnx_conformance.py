@@ -1,0 +1,241 @@
+"""ONNX's own conformance cases run through `from_onnx` and `ansor.build`: pass, refused or wrong.
+
+The `onnx` package ships the cases every runtime is held to: node cases (one operator, inputs
+and expected outputs; `onnx.backend.test.case.node.collect_testcases`) and model folders under
+`onnx/backend/test/data/` (`model.onnx` beside `test_data_set_*/` of protobuf tensors). Each case
+ends in one of three verdicts: it passes (every output matches in shape, dtype and value), it is
+refused with a reason (an error naming the operator and what is unsupported), or it is WRONG
+(an output that does not match, or a crash that is not a refusal). A wrong answer is the worst
+defect a model compiler can have, so the test suite runs these cases and fails on any WRONG.
+
+`python -m ansor.graph.onnx_conformance [--filter SUBSTRING] [--models] [-o table.md]` runs them
+all and prints a table per operator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import sys
+import time
+import warnings
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+__all__ = ["Case", "Verdict", "model_cases", "node_cases", "run_case", "summarize"]
+
+#: Cases whose expected outputs depend on a random draw or on a mode no runtime reproduces
+#: bit for bit: the training-mode Dropout cases (their masks are random).
+UNCHECKABLE = re.compile(r"^test_(training_dropout|dropout_.*training)")
+
+
+@dataclass
+class Case:
+    """One conformance case: a model and its (inputs, expected outputs) pairs."""
+
+    name: str
+    model: Any                              # onnx.ModelProto
+    data_sets: list[tuple[list[np.ndarray], list[np.ndarray]]]
+    rtol: float = 1e-3
+    atol: float = 1e-7
+
+    @property
+    def operator(self) -> str:
+        """The operator the case is about: its model's first node type (``_expanded``
+        cases are named by their function)."""
+        nodes = self.model.graph.node
+        op = nodes[0].op_type if nodes else "?"
+        return f"{op} (expanded)" if self.name.endswith(("_expanded", "_expanded_ver18")) else op
+
+
+@dataclass
+class Verdict:
+    case: str
+    operator: str
+    status: str          # "pass" | "refused" | "wrong" | "skipped"
+    reason: str = ""
+
+
+def node_cases(name_filter: str | None = None) -> list[Case]:
+    """ONNX's generated node cases (every operator, every opset the package knows)."""
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the generators overflow casts on purpose
+        cases = collect_testcases()
+    out = []
+    for c in cases:
+        if name_filter and name_filter not in c.name:
+            continue
+        sets = [(list(ins), list(outs)) for ins, outs in (c.data_sets or [])]
+        out.append(Case(c.name, c.model, sets, getattr(c, "rtol", 1e-3), getattr(c, "atol", 1e-7)))
+    return out
+
+
+def model_cases(kinds: Sequence[str] = ("pytorch-converted", "pytorch-operator"),
+                name_filter: str | None = None) -> list[Case]:
+    """The model folders shipped in the onnx package (`backend/test/data/<kind>/*`)."""
+    import onnx
+    from onnx import numpy_helper
+
+    root = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data")
+    out = []
+    for kind in kinds:
+        for folder in sorted(glob.glob(os.path.join(root, kind, "*"))):
+            name = os.path.basename(folder)
+            if name_filter and name_filter not in name:
+                continue
+            path = os.path.join(folder, "model.onnx")
+            if not os.path.exists(path):
+                continue
+            model = onnx.load(path)
+            sets = []
+            for data in sorted(glob.glob(os.path.join(folder, "test_data_set_*"))):
+                def read(prefix: str) -> list[np.ndarray]:
+                    arrays = []
+                    for f in sorted(glob.glob(os.path.join(data, f"{prefix}_*.pb")),
+                                    key=lambda p: int(re.findall(r"_(\d+)\.pb$", p)[0])):
+                        tensor = onnx.TensorProto()
+                        with open(f, "rb") as fh:
+                            tensor.ParseFromString(fh.read())
+                        arrays.append(numpy_helper.to_array(tensor))
+                    return arrays
+                sets.append((read("input"), read("output")))
+            out.append(Case(f"{kind}/{name}", model, sets))
+    return out
+
+
+def _refusal_types() -> tuple[type, ...]:
+    from ansor.graph.ir import GraphError
+    from ansor.graph.ops import ShapeError
+    from ansor.graph.torch_importer import UnsupportedOperatorError
+
+    return (UnsupportedOperatorError, GraphError, ShapeError)
+
+
+def run_case(case: Case, build: Callable[[Any], Callable[..., Any]] | None = None) -> Verdict:
+    """The verdict of one case. `build(graph)` makes the callable that runs it (default:
+    `build_model` with untuned default schedules, no records); a refusal is an error of the
+    importer's refusal types raised while importing or building."""
+    from ansor.graph.onnx_importer import from_onnx
+
+    op = case.operator
+    if UNCHECKABLE.match(case.name):
+        return Verdict(case.name, op, "skipped", "random training-mode output")
+    refusals = _refusal_types()
+    try:
+        graph = from_onnx(case.model)
+        run = (build or _default_build)(graph)
+    except refusals as exc:
+        return Verdict(case.name, op, "refused", _one_line(exc))
+    except Exception as exc:  # anything else is a crash: counted against us, never a pass
+        return Verdict(case.name, op, "wrong", f"crash while importing/building: {type(exc).__name__}: {_one_line(exc)}")
+    for inputs, expected in case.data_sets:
+        try:
+            got = run(*inputs)
+        except refusals as exc:
+            return Verdict(case.name, op, "refused", _one_line(exc))
+        except Exception as exc:
+            return Verdict(case.name, op, "wrong", f"crash while running: {type(exc).__name__}: {_one_line(exc)}")
+        got = list(got) if isinstance(got, (tuple, list)) else [got]
+        problem = _mismatch(got, expected, case.rtol, case.atol)
+        if problem:
+            return Verdict(case.name, op, "wrong", problem)
+    return Verdict(case.name, op, "pass")
+
+
+def _default_build(graph: Any) -> Callable[..., Any]:
+    from ansor.graph.compiled import build_model
+
+    return build_model(graph, None, verbose=False)  # no store: every task's default schedule
+
+
+def _mismatch(got: Sequence[Any], expected: Sequence[np.ndarray], rtol: float, atol: float) -> str:
+    if len(got) != len(expected):
+        return f"{len(got)} outputs where {len(expected)} are expected"
+    for i, (g, e) in enumerate(zip(got, expected)):
+        g, e = np.asarray(g), np.asarray(e)
+        if g.shape != e.shape:
+            return f"output {i}: shape {g.shape} where {e.shape} is expected"
+        if g.dtype != e.dtype:
+            return f"output {i}: dtype {g.dtype} where {e.dtype} is expected"
+        if e.dtype.kind in "fc":
+            # float32 kernels sum in another order than the reference: a few ulps more than
+            # the case's own tolerance, never more than 1e-4 relative
+            tol_r, tol_a = max(rtol, 1e-4), max(atol, 1e-5)
+            if not np.allclose(g, e, rtol=tol_r, atol=tol_a, equal_nan=True):
+                err = np.nanmax(np.abs(g.astype(np.float64) - e.astype(np.float64)))
+                return f"output {i}: max abs error {err:.3g}"
+        elif not np.array_equal(g, e):
+            return f"output {i}: {int(np.sum(g != e))} of {e.size} elements differ"
+    return ""
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
+def summarize(verdicts: Iterable[Verdict]) -> dict[str, Counter]:
+    """Counts of each status per operator."""
+    table: dict[str, Counter] = defaultdict(Counter)
+    for v in verdicts:
+        table[v.operator][v.status] += 1
+    return dict(table)
+
+
+def float32_only(case: Case) -> bool:
+    """Whether every input and output of the case is float32 (the figure the bars use)."""
+    arrays = [a for ins, outs in case.data_sets for a in (*ins, *outs)]
+    return bool(arrays) and all(np.asarray(a).dtype == np.float32 for a in arrays)
+
+
+def markdown_table(verdicts: Sequence[Verdict]) -> str:
+    rows = ["| operator | pass | refused | wrong | skipped | first reason |", "|---|---|---|---|---|---|"]
+    reasons: dict[str, str] = {}
+    for v in verdicts:
+        if v.status in ("wrong", "refused") and v.operator not in reasons:
+            reasons[v.operator] = v.reason.replace("|", "/")[:120]
+    for op, c in sorted(summarize(verdicts).items()):
+        rows.append(f"| {op} | {c['pass']} | {c['refused']} | {c['wrong']} | {c['skipped']} | {reasons.get(op, '')} |")
+    return "\n".join(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--filter", help="only cases whose name contains this")
+    parser.add_argument("--models", action="store_true", help="the shipped model folders instead of the node cases")
+    parser.add_argument("--float32", action="store_true", help="only cases whose tensors are all float32")
+    parser.add_argument("-o", "--output", help="write the per-operator table (markdown) here")
+    parser.add_argument("--show", choices=("wrong", "refused", "all"), default="wrong",
+                        help="which verdicts to list one per line")
+    args = parser.parse_args(argv)
+    cases = model_cases(name_filter=args.filter) if args.models else node_cases(args.filter)
+    if args.float32:
+        cases = [c for c in cases if float32_only(c)]
+    verdicts = []
+    start = time.time()
+    for i, case in enumerate(cases):
+        v = run_case(case)
+        verdicts.append(v)
+        if args.show == "all" or v.status == args.show:
+            print(f"{v.status:8s} {v.case}: {v.reason}", flush=True)
+        if sys.stderr.isatty():
+            print(f"\r{i + 1}/{len(cases)}", end="", file=sys.stderr, flush=True)
+    counts = Counter(v.status for v in verdicts)
+    checked = len(verdicts) - counts["skipped"]
+    print(f"\n{len(verdicts)} cases in {time.time() - start:.0f} s: {counts['pass']} pass "
+          f"({counts['pass'] / max(1, checked):.1%} of {checked} checked), {counts['refused']} refused, "
+          f"{counts['wrong']} WRONG, {counts['skipped']} skipped")
+    if args.output:
+        with open(args.output, "w") as fh:
+            fh.write(markdown_table(verdicts) + "\n")
+    return 1 if counts["wrong"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
