@@ -22,37 +22,69 @@ __all__ = ["from_onnx"]
 
 Handler = Callable[["_OnnxImporter", Any], None]
 _HANDLERS: dict[str, Handler] = {}
+#: operator -> the attributes its handler reads; any other attribute on a node is refused by
+#: name, so that no attribute is ever silently ignored
+_ATTRIBUTES: dict[str, frozenset[str]] = {}
+
+#: element types the compiled kernels compute in; any other is refused at import
+SUPPORTED_DTYPES = ("float32", "float64", "int32", "int64", "bool")
 
 
-def _handles(*op_types: str):
+def _handles(*op_types: str, attrs: tuple[str, ...] = ()):
     def deco(fn: Handler) -> Handler:
         for op_type in op_types:
             _HANDLERS[op_type] = fn
+            _ATTRIBUTES[op_type] = frozenset(attrs)
         return fn
     return deco
 
 
-def from_onnx(model: Any) -> Graph:
+class StaticInputRequired(UnsupportedOperatorError):
+    """A graph input decides a shape (a Reshape's shape, a Slice's starts, ...): its value must
+    be given at import (`from_onnx(model, inputs={name: value})`) for the graph to be static."""
+
+    def __init__(self, message: str, input_name: str):
+        super().__init__(message)
+        self.input_name = input_name
+
+
+def from_onnx(model: Any, inputs: dict[str, Any] | None = None) -> Graph:
     """The graph of an ONNX model (an `onnx.ModelProto` or the path of a .onnx file) with
-    static input shapes."""
+    static input shapes.
+
+    `inputs` gives values for graph inputs that decide shapes (a Reshape's target shape, a
+    Slice's starts, an Expand's shape, ...): they become constants of the graph, which then
+    serves exactly those values. Without them, such an input is a `StaticInputRequired` error
+    naming it. Every operator, attribute, output and element type the importer does not run
+    exactly as ONNX defines it is an `UnsupportedOperatorError` naming it."""
     import onnx
 
     if isinstance(model, (str, os.PathLike)):
-        model = onnx.load(os.fspath(model))
+        path = os.fspath(model)
+        try:
+            model = onnx.load(path)
+        except Exception as exc:  # protobuf's DecodeError and friends: not an ONNX file
+            raise ValueError(f"{path}: not an ONNX model ({type(exc).__name__}: {exc})") from None
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"from_onnx takes an onnx.ModelProto or a path, got {type(model).__name__}")
     model = onnx.shape_inference.infer_shapes(model)
-    return _OnnxImporter(model).run()
+    return _OnnxImporter(model, inputs or {}).run()
 
 
 class _OnnxImporter:
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, inputs: dict[str, Any]):
         from onnx import numpy_helper
 
         self.model = model
         self.graph = Graph()
         self.known: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t)
                                              for t in model.graph.initializer}
+        declared = {vi.name for vi in model.graph.input}
+        unknown = sorted(set(inputs) - declared)
+        if unknown:
+            raise ValueError(f"from_onnx: inputs= names {', '.join(unknown)}, which the model does not have "
+                             f"(its inputs: {', '.join(sorted(declared - set(self.known)))})")
+        self.known.update({name: np.asarray(value) for name, value in inputs.items()})
         self.values: dict[str, str] = {}    # ONNX value name -> graph value or constant name
         self.opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=13)
 
@@ -62,14 +94,23 @@ class _OnnxImporter:
 
         for vi in self.model.graph.input:
             if vi.name in self.known:
-                continue  # an initializer listed as an input (older exporters)
+                continue  # an initializer listed as an input (older exporters), or given in inputs=
+            if not vi.type.HasField("tensor_type"):
+                raise UnsupportedOperatorError(f"input {vi.name!r} is not a tensor "
+                                               f"({vi.type.WhichOneof('value')}); ansor runs tensors only")
             t = vi.type.tensor_type
             shape = [d.dim_value for d in t.shape.dim]
-            if any(d.dim_value <= 0 for d in t.shape.dim):
-                dims = [d.dim_param or d.dim_value for d in t.shape.dim]
-                raise ValueError(f"input {vi.name!r} has a dynamic shape {dims}; ansor compiles for "
-                                 f"static shapes: export with fixed sizes")
-            dtype = helper.tensor_dtype_to_np_dtype(t.elem_type)
+            if not t.HasField("shape") or any(not d.HasField("dim_value") for d in t.shape.dim):
+                dims = [d.dim_param or "?" if not d.HasField("dim_value") else d.dim_value for d in t.shape.dim]
+                raise UnsupportedOperatorError(f"input {vi.name!r} has a dynamic shape {dims}; ansor compiles "
+                                               f"for static shapes: export with fixed sizes")
+            if 0 in shape:
+                raise UnsupportedOperatorError(f"input {vi.name!r} is empty (shape {shape}); ansor compiles "
+                                               f"tensors with at least one element")
+            dtype = str(np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)))
+            if dtype not in SUPPORTED_DTYPES:
+                raise UnsupportedOperatorError(f"input {vi.name!r} has element type {dtype}; ansor computes in "
+                                               f"{', '.join(SUPPORTED_DTYPES)}")
             self.values[vi.name] = self.graph.add_input(_safe(vi.name), shape, dtype)
         for node in self.model.graph.node:
             if node.domain not in ("", "ai.onnx"):
@@ -79,7 +120,17 @@ class _OnnxImporter:
             elif all(not name or name in self.known for name in node.input):
                 self._evaluate(node)
             elif node.op_type in _HANDLERS:
+                self._check_attributes(node)
                 _HANDLERS[node.op_type](self, node)
+                missing = [o for o in node.output if o and o not in self.values and o not in self.known]
+                if missing:
+                    self._unsupported(node, f"output {missing[0]!r} (only the first output is computed) of")
+                for o in node.output:
+                    if o in self.values:
+                        out = self.graph.type_of(self.values[o])
+                        self._check_dtype(node, out.dtype)
+                        if 0 in out.shape:
+                            self._unsupported(node, f"empty result (shape {list(out.shape)}) of")
             else:
                 self._unsupported(node, "operator")
         for out in self.model.graph.output:
@@ -90,6 +141,18 @@ class _OnnxImporter:
             self.graph.outputs.append(self.values[out.name])
         self.graph.validate()
         return self.graph
+
+    def _check_attributes(self, node: Any) -> None:
+        """Refuse a node carrying an attribute its handler does not read: ignoring it would
+        compute something other than what the model says."""
+        handled = _ATTRIBUTES.get(node.op_type, frozenset())
+        for a in node.attribute:
+            if a.name not in handled:
+                self._unsupported(node, f"attribute {a.name!r} of")
+
+    def _check_dtype(self, node: Any, dtype: str) -> None:
+        if dtype not in SUPPORTED_DTYPES:
+            self._unsupported(node, f"element type {dtype} of")
 
     def _unsupported(self, node: Any, what: str) -> None:
         raise UnsupportedOperatorError(f"unsupported ONNX {what} {node.op_type!r} at node {node.name!r} "
@@ -122,12 +185,20 @@ class _OnnxImporter:
         if name not in self.values:
             if name not in self.known:
                 raise UnsupportedOperatorError(f"value {name!r} is used before it is defined")
-            self.values[name] = self.graph.add_constant(self.known[name])
+            array = self.known[name]
+            if str(array.dtype) not in SUPPORTED_DTYPES:
+                raise UnsupportedOperatorError(f"value {name!r} has element type {array.dtype}; ansor computes "
+                                               f"in {', '.join(SUPPORTED_DTYPES)}")
+            self.values[name] = self.graph.add_constant(array)
         return self.values[name]
 
     def const(self, name: str, what: str, node: Any) -> np.ndarray:
         """An input that must be known at import time (a shape, axes, a pad amount)."""
         if name not in self.known:
+            if any(vi.name == name for vi in self.model.graph.input):
+                raise StaticInputRequired(f"ONNX {node.op_type} node {node.name!r}: its {what} is the graph "
+                                          f"input {name!r}; give its value at import: "
+                                          f"from_onnx(model, inputs={{{name!r}: ...}})", name)
             raise UnsupportedOperatorError(f"ONNX {node.op_type} node {node.name!r}: its {what} "
                                            f"({name!r}) is computed at run time; ansor needs it static")
         return self.known[name]
@@ -174,7 +245,7 @@ _UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "L
           "Neg": "neg", "Abs": "abs", "Erf": "erf", "HardSwish": "hardswish"}
 _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Max": "maximum",
            "Min": "minimum", "Equal": "eq", "Less": "lt", "LessOrEqual": "le", "Greater": "gt",
-           "GreaterOrEqual": "ge", "And": "logical_and", "Or": "logical_or"}
+           "GreaterOrEqual": "ge", "And": "logical_and", "Or": "logical_or", "Sum": "add"}
 
 
 @_handles(*_UNARY)
@@ -184,15 +255,43 @@ def _unary(imp: _OnnxImporter, node: Any) -> None:
 
 @_handles(*_BINARY)
 def _binary(imp: _OnnxImporter, node: Any) -> None:
-    if node.op_type in ("Max", "Min") and len(node.input) != 2:
-        imp._unsupported(node, f"{len(node.input)}-input")
+    if node.op_type in ("Max", "Min", "Sum") and len(node.input) != 2:
+        _variadic(imp, node)
+        return
     a, b = node.input
     dtype = imp.dtype(a) if a in imp.values or a not in imp.known else imp.dtype(b)
-    operands = []
-    for name in (a, b):  # a known operand (a scalar) takes the other's dtype, as in ONNX
-        operands.append(imp.graph.add_constant(imp.known[name].astype(dtype)) if name in imp.known
-                        and name not in imp.values else imp.value(name))
-    imp.emit(node, _BINARY[node.op_type], operands)
+    imp._check_dtype(node, dtype)
+    if node.op_type == "Div" and dtype.startswith("int"):
+        imp._unsupported(node, "integer (truncating) form of")
+    if node.op_type == "Pow" and dtype not in ("float32", "float64"):
+        imp._unsupported(node, f"{dtype} base of")
+    imp.emit(node, _BINARY[node.op_type], [_operand(imp, node, name, dtype) for name in (a, b)])
+
+
+def _operand(imp: _OnnxImporter, node: Any, name: str, dtype: str) -> str:
+    """An input of an elementwise node in the node's element type: a known array (a scalar
+    constant) is converted when the conversion keeps its values (an exponent 2 for a float
+    base), and refused when it would not."""
+    if name not in imp.known or name in imp.values:
+        return imp.value(name)
+    array = imp.known[name]
+    if str(array.dtype) != dtype:
+        if array.dtype == object or not np.array_equal(array.astype(dtype).astype(array.dtype), array):
+            imp._unsupported(node, f"operand {name!r} of type {array.dtype} (not exactly {dtype}) of")
+        array = array.astype(dtype)
+    return imp.graph.add_constant(array)
+
+
+def _variadic(imp: _OnnxImporter, node: Any) -> None:
+    """Max, Min and Sum of one or of three and more inputs: a chain of the binary operator."""
+    names = [n for n in node.input if n]
+    dtype = next((imp.dtype(n) for n in names if n not in imp.known), imp.dtype(names[0]))
+    imp._check_dtype(node, dtype)
+    acc = _operand(imp, node, names[0], dtype)
+    for name in names[1:]:
+        acc = imp.graph.add_node(_BINARY[node.op_type], [acc, _operand(imp, node, name, dtype)],
+                                 source=f"ONNX {node.op_type} {node.name!r}")
+    imp.values[node.output[0]] = acc
 
 
 @_handles("Not")
@@ -206,16 +305,29 @@ def _reciprocal(imp: _OnnxImporter, node: Any) -> None:
     imp.emit(node, "div", [imp.scalar(1.0, imp.dtype(node.input[0])), x])
 
 
-@_handles("Identity", "Dropout")
+@_handles("Identity")
 def _identity(imp: _OnnxImporter, node: Any) -> None:
     imp.values[node.output[0]] = imp.value(node.input[0])
 
 
-@_handles("Cast")
+@_handles("Dropout", attrs=("seed", "is_test", "ratio"))
+def _dropout(imp: _OnnxImporter, node: Any) -> None:
+    """Inference: the identity. Training mode (its third input true, or the attribute of old
+    opsets) draws a random mask, which no compiler reproduces: refused."""
+    training = len(node.input) > 2 and node.input[2]
+    if training and bool(np.asarray(imp.const(node.input[2], "training_mode", node)).item()):
+        imp._unsupported(node, "training mode of")
+    if imp.opset < 7 and not _attr(node, "is_test", 0):
+        imp._unsupported(node, "training mode (is_test=0) of")
+    imp.values[node.output[0]] = imp.value(node.input[0])
+
+
+@_handles("Cast", attrs=("to", "saturate"))
 def _cast(imp: _OnnxImporter, node: Any) -> None:
     from onnx import helper
 
     dtype = str(np.dtype(helper.tensor_dtype_to_np_dtype(_attr(node, "to", 1))))
+    imp._check_dtype(node, dtype)
     x = imp.value(node.input[0])
     if imp.graph.type_of(x).dtype == dtype:
         imp.values[node.output[0]] = x
@@ -223,7 +335,7 @@ def _cast(imp: _OnnxImporter, node: Any) -> None:
         imp.emit(node, "cast", [x], dtype=dtype)
 
 
-@_handles("Clip")
+@_handles("Clip", attrs=("min", "max"))
 def _clip(imp: _OnnxImporter, node: Any) -> None:
     names = (list(node.input[1:3]) + ["", ""])[:2]
     bounds = [float(imp.const(n, "bound", node)) if n else None for n in names]
@@ -232,7 +344,7 @@ def _clip(imp: _OnnxImporter, node: Any) -> None:
     imp.emit(node, "clamp", [imp.value(node.input[0])], min=lo, max=hi)
 
 
-@_handles("HardSigmoid")
+@_handles("HardSigmoid", attrs=("alpha", "beta"))
 def _hardsigmoid(imp: _OnnxImporter, node: Any) -> None:
     alpha, beta = _attr(node, "alpha", 0.2), _attr(node, "beta", 0.5)
     x = imp.value(node.input[0])
@@ -245,7 +357,7 @@ def _hardsigmoid(imp: _OnnxImporter, node: Any) -> None:
     imp.emit(node, "clamp", [shifted], min=0.0, max=1.0)
 
 
-@_handles("Gelu")
+@_handles("Gelu", attrs=("approximate",))
 def _gelu(imp: _OnnxImporter, node: Any) -> None:
     imp.emit(node, "gelu", [imp.value(node.input[0])], approximate=_text(_attr(node, "approximate", "none")))
 
@@ -254,19 +366,21 @@ def _gelu(imp: _OnnxImporter, node: Any) -> None:
 def _where(imp: _OnnxImporter, node: Any) -> None:
     cond, a, b = node.input
     dtype = imp.dtype(a) if a not in imp.known else imp.dtype(b)
-    operands = [imp.value(cond)] + [imp.graph.add_constant(imp.known[n].astype(dtype)) if n in imp.known
-                                    and n not in imp.values else imp.value(n) for n in (a, b)]
-    imp.emit(node, "where", operands)
+    imp._check_dtype(node, dtype)
+    imp.emit(node, "where", [imp.value(cond)] + [_operand(imp, node, n, dtype) for n in (a, b)])
 
 
 # ---------------------------------------------------------------------------- dense
-@_handles("Conv")
+@_handles("Conv", attrs=("auto_pad", "pads", "strides", "dilations", "group", "kernel_shape"))
 def _conv(imp: _OnnxImporter, node: Any) -> None:
     if _text(_attr(node, "auto_pad", "NOTSET")) != "NOTSET":
         imp._unsupported(node, "auto_pad of")
     w_shape = imp.shape(node.input[1])
     if len(w_shape) != 4:
         imp._unsupported(node, f"{len(w_shape) - 2}-d")
+    kernel = _attr(node, "kernel_shape", None)
+    if kernel is not None and tuple(kernel) != tuple(w_shape[2:]):
+        imp._unsupported(node, f"kernel_shape {list(kernel)} unlike the weight's {list(w_shape[2:])} of")
     pads = list(_attr(node, "pads", [0, 0, 0, 0]))
     x = imp.value(node.input[0])
     if pads[0] != pads[2] or pads[1] != pads[3]:  # asymmetric: pad first, then convolve
@@ -283,7 +397,7 @@ def _matmul(imp: _OnnxImporter, node: Any) -> None:
     imp.emit(node, "matmul", [imp.value(node.input[0]), imp.value(node.input[1])])
 
 
-@_handles("Gemm")
+@_handles("Gemm", attrs=("alpha", "beta", "transA", "transB"))
 def _gemm(imp: _OnnxImporter, node: Any) -> None:
     a, b = node.input[0], node.input[1]
     alpha, beta = float(_attr(node, "alpha", 1.0)), float(_attr(node, "beta", 1.0))
@@ -310,7 +424,7 @@ def _gemm(imp: _OnnxImporter, node: Any) -> None:
     imp.values[node.output[0]] = out
 
 
-@_handles("Gather")
+@_handles("Gather", attrs=("axis",))
 def _gather(imp: _OnnxImporter, node: Any) -> None:
     data, indices = node.input
     axis = int(_attr(node, "axis", 0))
@@ -333,7 +447,7 @@ def _is_nan(imp: _OnnxImporter, node: Any) -> None:
     imp.emit(node, "ne", [x, x])  # NaN is the one value unequal to itself
 
 
-@_handles("GatherND")
+@_handles("GatherND", attrs=("batch_dims",))
 def _gather_nd(imp: _OnnxImporter, node: Any) -> None:
     """data[indices[..., 0], indices[..., 1], ...]: numpy's advanced indexing of the leading
     axes (the graph's `index` op), one index tensor per entry of the indices' last axis."""
@@ -354,14 +468,18 @@ def _gather_nd(imp: _OnnxImporter, node: Any) -> None:
 
 
 # ---------------------------------------------------------------------------- normalization
-@_handles("BatchNormalization")
+@_handles("BatchNormalization", attrs=("epsilon", "momentum", "training_mode", "spatial"))
 def _batch_norm(imp: _OnnxImporter, node: Any) -> None:
+    if _attr(node, "training_mode", 0):
+        imp._unsupported(node, "training mode of")
+    if not _attr(node, "spatial", 1):
+        imp._unsupported(node, "spatial=0 of")
     x, scale, bias, mean, var = node.input[:5]
     imp.emit(node, "batch_norm", [imp.value(x), imp.value(mean), imp.value(var), imp.value(scale), imp.value(bias)],
              eps=float(_attr(node, "epsilon", 1e-5)))
 
 
-@_handles("LayerNormalization")
+@_handles("LayerNormalization", attrs=("axis", "epsilon", "stash_type"))
 def _layer_norm(imp: _OnnxImporter, node: Any) -> None:
     rank = len(imp.shape(node.input[0]))
     axis = int(_attr(node, "axis", -1)) % rank
@@ -369,7 +487,7 @@ def _layer_norm(imp: _OnnxImporter, node: Any) -> None:
     imp.emit(node, "layer_norm", inputs, normalized_ndim=rank - axis, eps=float(_attr(node, "epsilon", 1e-5)))
 
 
-@_handles("Softmax", "LogSoftmax")
+@_handles("Softmax", "LogSoftmax", attrs=("axis",))
 def _softmax(imp: _OnnxImporter, node: Any) -> None:
     rank = len(imp.shape(node.input[0]))
     axis = int(_attr(node, "axis", -1 if imp.opset >= 13 else 1)) % rank
@@ -378,7 +496,7 @@ def _softmax(imp: _OnnxImporter, node: Any) -> None:
     imp.emit(node, "softmax" if node.op_type == "Softmax" else "log_softmax", [imp.value(node.input[0])], axis=axis)
 
 
-@_handles("ReduceMean", "ReduceSum", "ReduceMax")
+@_handles("ReduceMean", "ReduceSum", "ReduceMax", attrs=("axes", "keepdims", "noop_with_empty_axes"))
 def _reduce(imp: _OnnxImporter, node: Any) -> None:
     rank = len(imp.shape(node.input[0]))
     if len(node.input) > 1 and node.input[1]:
@@ -399,21 +517,24 @@ def _reduce(imp: _OnnxImporter, node: Any) -> None:
 def _pool_attrs(node: Any) -> dict[str, Any]:
     if _text(_attr(node, "auto_pad", "NOTSET")) != "NOTSET":
         raise UnsupportedOperatorError(f"ONNX {node.op_type} node {node.name!r}: auto_pad is not supported")
+    kernel = tuple(_attr(node, "kernel_shape", [1, 1]))
+    if len(kernel) != 2:
+        raise UnsupportedOperatorError(f"ONNX {node.op_type} node {node.name!r}: {len(kernel)}-d pooling "
+                                       f"(ansor pools 2-d)")
     pads = list(_attr(node, "pads", [0, 0, 0, 0]))
     if pads[0] != pads[2] or pads[1] != pads[3]:
         raise UnsupportedOperatorError(f"ONNX {node.op_type} node {node.name!r}: asymmetric pads {pads}")
-    kernel = tuple(_attr(node, "kernel_shape", [1, 1]))
     return {"kernel": kernel, "stride": tuple(_attr(node, "strides", [1, 1])), "padding": (pads[0], pads[1]),
             "ceil_mode": bool(_attr(node, "ceil_mode", 0))}
 
 
-@_handles("MaxPool")
+@_handles("MaxPool", attrs=("auto_pad", "pads", "kernel_shape", "strides", "ceil_mode", "dilations", "storage_order"))
 def _max_pool(imp: _OnnxImporter, node: Any) -> None:
     imp.emit(node, "max_pool2d", [imp.value(node.input[0])], dilation=tuple(_attr(node, "dilations", [1, 1])),
              **_pool_attrs(node))
 
 
-@_handles("AveragePool")
+@_handles("AveragePool", attrs=("auto_pad", "pads", "kernel_shape", "strides", "ceil_mode", "count_include_pad"))
 def _avg_pool(imp: _OnnxImporter, node: Any) -> None:
     imp.emit(node, "avg_pool2d", [imp.value(node.input[0])],
              count_include_pad=bool(_attr(node, "count_include_pad", 0)), **_pool_attrs(node))
@@ -425,7 +546,7 @@ def _global_avg_pool(imp: _OnnxImporter, node: Any) -> None:
 
 
 # ---------------------------------------------------------------------------- layout
-@_handles("Reshape")
+@_handles("Reshape", attrs=("allowzero",))
 def _reshape(imp: _OnnxImporter, node: Any) -> None:
     shape = imp.shape(node.input[0])
     target = [int(d) for d in imp.const(node.input[1], "shape", node)]
@@ -437,15 +558,18 @@ def _reshape(imp: _OnnxImporter, node: Any) -> None:
     imp.emit(node, "reshape", [imp.value(node.input[0])], shape=tuple(target))
 
 
-@_handles("Flatten")
+@_handles("Flatten", attrs=("axis",))
 def _flatten(imp: _OnnxImporter, node: Any) -> None:
     shape = imp.shape(node.input[0])
-    axis = int(_attr(node, "axis", 1)) % (len(shape) + 1)
+    axis = int(_attr(node, "axis", 1))
+    if not -len(shape) <= axis <= len(shape):
+        imp._unsupported(node, f"axis {axis} out of range for rank {len(shape)} of")
+    axis = axis + len(shape) if axis < 0 else axis  # a negative axis counts from the end
     imp.emit(node, "reshape", [imp.value(node.input[0])],
              shape=(int(np.prod(shape[:axis])), int(np.prod(shape[axis:]))))
 
 
-@_handles("Squeeze", "Unsqueeze")
+@_handles("Squeeze", "Unsqueeze", attrs=("axes",))
 def _squeeze(imp: _OnnxImporter, node: Any) -> None:
     shape = list(imp.shape(node.input[0]))
     if len(node.input) > 1 and node.input[1]:
@@ -463,14 +587,14 @@ def _squeeze(imp: _OnnxImporter, node: Any) -> None:
     imp.emit(node, "reshape", [imp.value(node.input[0])], shape=tuple(target))
 
 
-@_handles("Transpose")
+@_handles("Transpose", attrs=("perm",))
 def _transpose(imp: _OnnxImporter, node: Any) -> None:
     rank = len(imp.shape(node.input[0]))
     perm = _attr(node, "perm", list(reversed(range(rank))))
     imp.emit(node, "permute", [imp.value(node.input[0])], axes=tuple(int(p) for p in perm))
 
 
-@_handles("Concat")
+@_handles("Concat", attrs=("axis",))
 def _concat(imp: _OnnxImporter, node: Any) -> None:
     rank = len(imp.shape(node.input[0]))
     imp.emit(node, "concat", [imp.value(n) for n in node.input], axis=int(_attr(node, "axis", 0)) % rank)
@@ -478,6 +602,8 @@ def _concat(imp: _OnnxImporter, node: Any) -> None:
 
 @_handles("Slice")
 def _slice(imp: _OnnxImporter, node: Any) -> None:
+    if imp.opset < 10:
+        imp._unsupported(node, "opset-9 form (starts and ends as attributes) of")
     shape = imp.shape(node.input[0])
     starts = imp.const(node.input[1], "starts", node)
     ends = imp.const(node.input[2], "ends", node)
@@ -504,14 +630,14 @@ def _expand(imp: _OnnxImporter, node: Any) -> None:
         imp.emit(node, "expand", [x], shape=out)
 
 
-@_handles("Pad")
+@_handles("Pad", attrs=("mode", "pads", "value"))
 def _pad(imp: _OnnxImporter, node: Any) -> None:
     if _text(_attr(node, "mode", "constant")) != "constant":
         imp._unsupported(node, "non-constant mode of")
     rank = len(imp.shape(node.input[0]))
     pads = [int(p) for p in (imp.const(node.input[1], "pads", node) if imp.opset >= 11 else _attr(node, "pads", []))]
-    value = 0.0
-    if len(node.input) > 2 and node.input[2]:
+    value = float(_attr(node, "value", 0.0)) if imp.opset < 11 else 0.0
+    if imp.opset >= 11 and len(node.input) > 2 and node.input[2]:
         value = float(imp.const(node.input[2], "pad value", node))
     if len(node.input) > 3 and node.input[3]:
         imp._unsupported(node, "axes input of")
