@@ -36,7 +36,8 @@ int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t size_t intptr_
 NULL INFINITY NAN HUGE_VAL HUGE_VALF EOF errno timespec clock_gettime CLOCK_MONOTONIC time clock
 malloc free aligned_alloc calloc realloc abort exit memcpy memset
 exp expf log logf sqrt sqrtf tanh tanhf erf erff fabs fabsf pow powf fmax fmaxf fmin fminf
-floor floorf ceil ceilf sin sinf cos cosf""".split())
+floor floorf ceil ceilf sin sinf cos cosf tan tanf asin asinf acos acosf atan atanf sinh sinhf
+cosh coshf asinh asinhf acosh acoshf atanh atanhf rint rintf""".split())
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,8 @@ class CLikePrinter:
             if E.is_int(e.dtype):
                 return f"({args[0]} < 0 ? -({args[0]}) : {args[0]})"
             return f"{self.math_function('fabs', e.dtype)}({args[0]})"
+        if e.func == "round":  # half to even: rint under the default rounding mode
+            return f"{self.math_function('rint', e.dtype)}({args[0]})"
         return f"{self.math_function(e.func, e.dtype)}({', '.join(args)})"
 
     def literal(self, c: E.Const) -> str:

@@ -10,6 +10,7 @@ mix implicitly (a Python number takes the dtype of the expression it meets, `cas
 from ansor.te.expr import (
     Expr, Var, IterVar, Const, const, cast, if_then_else, maximum, minimum,
     exp, log, sqrt, rsqrt, tanh, erf, sigmoid, abs, pow, sum, max, min,
+    sin, cos, tan, asin, acos, atan, sinh, cosh, asinh, acosh, atanh, floor, ceil, round,
 )
 from ansor.te.tensor import Tensor, placeholder, compute, reduce_axis, PlaceholderOp, ComputeOp
 from ansor.te import ops
@@ -17,5 +18,7 @@ from ansor.te import ops
 __all__ = [
     "Expr", "Var", "IterVar", "Const", "const", "cast", "if_then_else", "maximum", "minimum",
     "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "pow", "sum", "max", "min",
+    "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "floor",
+    "ceil", "round",
     "Tensor", "placeholder", "compute", "reduce_axis", "PlaceholderOp", "ComputeOp", "ops",
 ]

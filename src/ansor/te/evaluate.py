@@ -29,6 +29,12 @@ from ansor.te.tensor import ComputeOp, Operation, PlaceholderOp, Tensor
 
 MAX_CHUNK_ELEMENTS = 1 << 24
 
+#: numpy's counterparts of the elementary functions (np.round rounds half to even, like rint)
+_ELEMENTARY = {"sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos,
+               "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh,
+               "acosh": np.arccosh, "atanh": np.arctanh, "floor": np.floor, "ceil": np.ceil,
+               "round": np.rint}
+
 __all__ = ["evaluate", "random_inputs", "find_placeholders", "erf", "MAX_CHUNK_ELEMENTS"]
 
 
@@ -522,6 +528,8 @@ class _Block:
             out = np.abs(x)
         elif f == "pow":
             out = np.power(x, args[1])
+        elif f in _ELEMENTARY:
+            out = _ELEMENTARY[f](x)
         else:
             raise TypeError(f"evaluate: unknown math function {f!r}")
         return out.astype(dtype, copy=False)

@@ -465,7 +465,25 @@ def pow(x: ExprLike, y: ExprLike) -> Expr:  # noqa: A001
     return _float_call("pow", x, y)
 
 
-MATH_FUNCS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "pow")
+#: One-argument float functions of libm beyond the above, each x's dtype: the trigonometric and
+#: hyperbolic functions and their inverses, and rounding (`round` rounds half to even, as ONNX
+#: and numpy do).
+ELEMENTARY_FUNCS = ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
+                    "atanh", "floor", "ceil", "round")
+
+
+def _elementary(name: str) -> Callable[[ExprLike], Expr]:
+    def fn(x: ExprLike) -> Expr:
+        return _float_call(name, x)
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"The libm function {name} of x, elementwise. Float only; x's dtype."
+    return fn
+
+
+sin, cos, tan, asin, acos, atan, sinh, cosh, asinh, acosh, atanh, floor, ceil, round = (  # noqa: A001
+    _elementary(name) for name in ELEMENTARY_FUNCS)
+
+MATH_FUNCS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "pow") + ELEMENTARY_FUNCS
 
 
 def _reduce(combiner: str, source: ExprLike, axis, where: ExprLike | None) -> Reduce:
