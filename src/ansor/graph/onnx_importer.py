@@ -86,6 +86,7 @@ class _OnnxImporter:
                              f"(its inputs: {', '.join(sorted(declared - set(self.known)))})")
         self.known.update({name: np.asarray(value) for name, value in inputs.items()})
         self.values: dict[str, str] = {}    # ONNX value name -> graph value or constant name
+        self._expansions = 0                 # function bodies expanded so far (unique prefixes)
         self.opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=13)
 
     # ------------------------------------------------------------------------ the walk
@@ -113,26 +114,7 @@ class _OnnxImporter:
                                                f"{', '.join(SUPPORTED_DTYPES)}")
             self.values[vi.name] = self.graph.add_input(_safe(vi.name), shape, dtype)
         for node in self.model.graph.node:
-            if node.domain not in ("", "ai.onnx"):
-                self._unsupported(node, f"operator domain {node.domain!r}")
-            if node.op_type == "Shape" and node.input[0] in self.values:
-                self.known[node.output[0]] = self._static_shape(node)
-            elif all(not name or name in self.known for name in node.input):
-                self._evaluate(node)
-            elif node.op_type in _HANDLERS:
-                self._check_attributes(node)
-                _HANDLERS[node.op_type](self, node)
-                missing = [o for o in node.output if o and o not in self.values and o not in self.known]
-                if missing:
-                    self._unsupported(node, f"output {missing[0]!r} (only the first output is computed) of")
-                for o in node.output:
-                    if o in self.values:
-                        out = self.graph.type_of(self.values[o])
-                        self._check_dtype(node, out.dtype)
-                        if 0 in out.shape:
-                            self._unsupported(node, f"empty result (shape {list(out.shape)}) of")
-            else:
-                self._unsupported(node, "operator")
+            self._import_node(node)
         for out in self.model.graph.output:
             if out.name in self.known:
                 name = self.graph.add_constant(self.known[out.name])
@@ -141,6 +123,111 @@ class _OnnxImporter:
             self.graph.outputs.append(self.values[out.name])
         self.graph.validate()
         return self.graph
+
+    def _import_node(self, node: Any) -> None:
+        """One node: folded when its inputs are known, mapped by its handler, else expanded
+        into its ONNX function body (the operators the standard defines by others), else
+        refused by name."""
+        if node.domain not in ("", "ai.onnx"):
+            self._unsupported(node, f"operator domain {node.domain!r}")
+        if node.op_type == "Shape" and node.input[0] in self.values:
+            self.known[node.output[0]] = self._static_shape(node)
+        elif all(not name or name in self.known for name in node.input):
+            self._evaluate(node)
+        elif node.op_type in _HANDLERS:
+            self._check_attributes(node)
+            _HANDLERS[node.op_type](self, node)
+            missing = [o for o in node.output if o and o not in self.values and o not in self.known]
+            if missing:
+                self._unsupported(node, f"output {missing[0]!r} (only the first output is computed) of")
+            for o in node.output:
+                if o in self.values:
+                    out = self.graph.type_of(self.values[o])
+                    self._check_dtype(node, out.dtype)
+                    if 0 in out.shape:
+                        self._unsupported(node, f"empty result (shape {list(out.shape)}) of")
+        elif not self._expand(node):
+            self._unsupported(node, "operator")
+
+    def _expand(self, node: Any) -> bool:
+        """Import `node` as the nodes of its ONNX function body (the standard's own definition
+        of e.g. Softplus, Mish, CastLike, RMSNormalization, Attention by other operators), each
+        imported in turn under the function's opset; False when the operator has none."""
+        found = self._function_body(node)
+        if found is None:
+            return False
+        body, schema = found
+        self._expansions += 1
+        prefix = f"{node.name or node.op_type}#{self._expansions}/"
+        rename = {formal: actual for formal, actual in zip(body.input, list(node.input) + [""] * len(body.input))}
+        rename.update(zip(body.output, node.output))
+        given = {name: a.default_value for name, a in schema.attributes.items()
+                 if a.default_value.type != 0}  # the operator's defaults, then what the node sets
+        given.update({a.name: a for a in node.attribute})
+        saved = self.opset
+        self.opset = next((o.version for o in body.opset_import if o.domain in ("", "ai.onnx")), self.opset)
+        try:
+            for inner in body.node:
+                copy = type(inner)()
+                copy.CopyFrom(inner)
+                copy.name = prefix + (inner.name or inner.op_type)
+                for field in (copy.input, copy.output):
+                    for i, name in enumerate(field):
+                        field[i] = rename.get(name, prefix + name if name else "")
+                kept = []
+                for a in copy.attribute:
+                    if a.ref_attr_name:
+                        if a.ref_attr_name not in given:
+                            continue  # an optional attribute with no default, left unset
+                        value = type(a)()
+                        value.CopyFrom(given[a.ref_attr_name])
+                        value.name = a.name
+                        kept.append(value)
+                    else:
+                        kept.append(a)
+                del copy.attribute[:]
+                copy.attribute.extend(kept)
+                self._import_node(copy)
+        finally:
+            self.opset = saved
+        return True
+
+    def _function_body(self, node: Any) -> Any:
+        """The FunctionProto defining `node`'s operator at this opset, with the operator's
+        schema, or None."""
+        import onnx
+        from onnx import defs, helper
+
+        try:
+            schema = defs.get_schema(node.op_type, self.opset, node.domain or "")
+        except Exception:  # an operator unknown to this onnx: no body to expand
+            return None
+        body = onnx.FunctionProto()
+        if schema.has_function:
+            versions = sorted(schema.function_opset_versions)
+            version = max([v for v in versions if v <= self.opset] or versions[:1])
+            body.ParseFromString(schema.get_function_with_opset_version(version))
+            return body, schema
+        if schema.has_context_dependent_function:
+            versions = sorted(schema.context_dependent_function_opset_versions)
+            version = max([v for v in versions if v <= self.opset] or versions[:1])
+            types = []
+            for name in node.input:
+                if not name:
+                    types.append(onnx.TypeProto().SerializeToString())
+                    continue
+                elem = helper.np_dtype_to_tensor_dtype(np.dtype(self.dtype(name)))
+                types.append(helper.make_tensor_type_proto(elem, list(self.shape(name))).SerializeToString())
+            try:
+                data = schema.get_context_dependent_function_with_opset_version(
+                    version, node.SerializeToString(), types)
+            except Exception:
+                return None
+            if not data:
+                return None
+            body.ParseFromString(data)
+            return body, schema
+        return None
 
     def _check_attributes(self, node: Any) -> None:
         """Refuse a node carrying an attribute its handler does not read: ignoring it would
@@ -168,7 +255,8 @@ class _OnnxImporter:
                                                   self.known[i].shape) for i in inputs]
         graph = helper.make_graph([node], "fold", declared,
                                   [helper.make_empty_tensor_value_info(o) for o in node.output if o])
-        model = helper.make_model(graph, opset_imports=list(self.model.opset_import))
+        opsets = [o for o in self.model.opset_import if o.domain not in ("", "ai.onnx")]
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset), *opsets])
         results = ReferenceEvaluator(model).run(None, {i: self.known[i] for i in inputs})
         for name, value in zip([o for o in node.output if o], results):
             self.known[name] = np.asarray(value)
@@ -638,7 +726,10 @@ def _pad(imp: _OnnxImporter, node: Any) -> None:
     pads = [int(p) for p in (imp.const(node.input[1], "pads", node) if imp.opset >= 11 else _attr(node, "pads", []))]
     value = float(_attr(node, "value", 0.0)) if imp.opset < 11 else 0.0
     if imp.opset >= 11 and len(node.input) > 2 and node.input[2]:
-        value = float(imp.const(node.input[2], "pad value", node))
+        given = np.asarray(imp.const(node.input[2], "pad value", node))
+        if given.size != 1:
+            imp._unsupported(node, f"pad value of {given.size} elements of")
+        value = float(given.reshape(-1)[0])
     if len(node.input) > 3 and node.input[3]:
         imp._unsupported(node, "axes input of")
     pairs = tuple((pads[i], pads[i + rank]) for i in range(rank))
