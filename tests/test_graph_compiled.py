@@ -314,7 +314,8 @@ def test_a_bert_layer_compiled_through_every_door_matches_eager(door, tmp_path):
     if door == "torch.compile":
         torch._dynamo.reset()
         with torch.no_grad():
-            got = torch.compile(model, backend="ansor", options={"database": db, "verbose": False})(*inputs)
+            got = torch.compile(model, backend="ansor", options={"database": db, "verbose": False,
+                                                                  "check": True})(*inputs)
         torch._dynamo.reset()
         assert rel_err(got.numpy(), want) < TOLERANCE
         return
@@ -325,9 +326,10 @@ def test_a_bert_layer_compiled_through_every_door_matches_eager(door, tmp_path):
         path = tmp_path / "bert.onnx"
         torch.onnx.export(model, inputs, str(path), dynamo=True)
         graph = ansor.graph.from_onnx(str(path))
-    compiled = ansor.build(graph, database=db, verbose=False)
+    compiled = ansor.build(graph, database=db, verbose=False, check=True)  # random ids and masks too
     assert sum(s.kind == "kernel" for s in compiled.steps) > 5
     assert rel_err(compiled(*[x.numpy() for x in inputs]), want) < TOLERANCE
+    assert compiled.check(*[x.numpy() for x in inputs]).ok
 
 
 class WinogradNet(nn.Module):
@@ -373,7 +375,7 @@ def test_a_cnn_with_winograd_convolutions_compiled_through_every_door_matches_ea
         path = tmp_path / "cnn.onnx"
         torch.onnx.export(model, (x,), str(path), dynamo=True)
         graph = ansor.graph.from_onnx(str(path))
-    compiled = ansor.build(graph, database=db, verbose=False)
+    compiled = ansor.build(graph, database=db, verbose=False, check=True)
     assert [n.op for n in compiled.graph.nodes].count("winograd_output") == 2
     assert rel_err(compiled(x.numpy()), want) < TOLERANCE
     if door == "from_torch":  # the transformed weights travel into the C library too

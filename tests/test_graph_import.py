@@ -338,3 +338,28 @@ def test_gpt2_one_layer():
     assert [g.types[i].dtype for i in g.inputs] == ["int64", "int64"]
     assert {"embedding", "matmul", "layer_norm", "tanh"} <= ops_of(g)
     assert any(n.op == "scaled_dot_product_attention" for n in g.nodes)
+
+
+class Gathers(nn.Module):
+    """torch.embedding (negative ids are out of range) and tensor indexing (negative indices
+    count from the end) of the same table."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Embedding(6, 3)
+
+    def forward(self, ids, rows):
+        return self.table(ids), self.table.weight[rows] * 2.0
+
+
+def test_gather_ids_keep_torch_semantics_in_the_reference_executor():
+    torch.manual_seed(3)
+    module = Gathers().eval()
+    g = check_import(module, torch.tensor([[0, 5, 2]]), torch.tensor([-6, -1, 5]))
+    assert [n.attrs["negative_ids"] for n in g.nodes if n.op == "embedding"] == [False]
+    for ids, rows in (([[0, -1, 2]], [0, 1, 2]), ([[0, 6, 2]], [0, 1, 2]), ([[0, 1, 2]], [0, 6, 2]),
+                      ([[0, 1, 2]], [0, -7, 2])):
+        with pytest.raises(IndexError):
+            module(torch.tensor(ids), torch.tensor(rows))
+        with pytest.raises(IndexError, match=r"must lie in \[(0|-6), 6\)"):
+            run_graph(g, [np.array(ids), np.array(rows)])

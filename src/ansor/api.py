@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Sequence
 
-from ansor.graph.compiled import CompiledModel, build_model
+from ansor.graph.compiled import CompiledModel, OutputMismatchError, build_model
 from ansor.graph.ir import Graph
 from ansor.graph.model_tuning import tune_model
 from ansor.kernel import Kernel
@@ -80,7 +80,8 @@ def tune(what: Any, trials: int | None = None, *, database: RecordStore | str | 
             store.close()
 
 
-def build(what: Any, database: RecordStore | str | None = None, **keywords: Any) -> Kernel | CompiledModel:
+def build(what: Any, database: RecordStore | str | None = None, *, check: bool = False,
+          **keywords: Any) -> Kernel | CompiledModel:
     """A Task's best recorded program as a Kernel (with no record, the best of a quick
     model-guided search, recorded: see `ansor.tuning.quick.build_task`), or a model graph
     compiled with its tasks' best records as a CompiledModel (see `graph.compiled.build_model`).
@@ -88,6 +89,10 @@ def build(what: Any, database: RecordStore | str | None = None, **keywords: Any)
     Args:
         what: A `Task`, or a model graph (`ansor.graph.Graph`).
         database: A record store, a path, or None for the default database.
+        check: Run the result once on random inputs and compare it with the numpy reference
+            (a graph: `CompiledModel.check`, against `graph.reference.run_graph`; a Task:
+            `Kernel.check`), under the tolerance every tuned kernel passed; a mismatch raises
+            `OutputMismatchError` naming the first output out of tolerance and its errors.
         **keywords: For a Task `quick_trials` (0: the untuned default schedule when there is no
             record), `quick_seconds` (the quick search's time) or `state` (compile this
             program); for a graph `target`, `verbose` and `winograd`.
@@ -98,8 +103,14 @@ def build(what: Any, database: RecordStore | str | None = None, **keywords: Any)
     store, owned = open_store(database)
     try:
         if isinstance(what, Graph):
-            return build_model(what, store, **keywords)
-        return build_task(what, store, **keywords)
+            return build_model(what, store, check=check, **keywords)
+        kernel = build_task(what, store, **keywords)
+        if check:
+            mismatch = kernel.check()
+            if mismatch is not None:
+                raise OutputMismatchError(f"the kernel of {what.name!r} disagrees with the numpy reference "
+                                          f"on random inputs: {mismatch}")
+        return kernel
     finally:
         if owned:
             store.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -21,11 +21,50 @@ from ansor.search.basic import default_schedule
 from ansor.task import Task
 
 
+def input_array(name: str, value: Any, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """`value` as the numpy array a compiled callable (a `Kernel`, a `CompiledModel`) reads for
+    its input `name` of `shape` and `dtype`: the one input rule of both.
+
+    A numpy array (or numpy scalar) or a torch tensor must already have the declared dtype: a
+    float64 array given for a float32 input raises TypeError naming the input, its dtype and
+    the expected one, rather than being rounded silently (the caller decides whether to cast).
+    A torch tensor is read without a copy when it is on the CPU. A Python list, tuple or number
+    has no dtype of its own and is converted to the declared one, unless that changes its kind
+    (floats for an integer input) or its values (integers that do not fit). A wrong shape
+    raises ValueError."""
+    expected = np.dtype(dtype)
+    if isinstance(value, (np.ndarray, np.generic)):
+        array = np.asarray(value)
+        if array.dtype != expected:
+            raise TypeError(f"input {name!r}: expected dtype {expected}, got {array.dtype}")
+    elif type(value).__module__.startswith("torch") and hasattr(value, "detach"):
+        got = str(value.dtype).removeprefix("torch.")
+        if got != expected.name:
+            raise TypeError(f"input {name!r}: expected dtype {expected}, got torch.{got}")
+        array = value.detach().cpu().numpy()
+    elif isinstance(value, (list, tuple, int, float, bool)):
+        given = np.asarray(value)
+        if given.dtype.kind not in "biuf" or not np.can_cast(given.dtype, expected, casting="same_kind"):
+            raise TypeError(f"input {name!r}: expected dtype {expected}, got a {type(value).__name__} "
+                            f"of {given.dtype} values")
+        array = given.astype(expected)
+        if expected.kind in "biu" and not np.array_equal(array, given):
+            raise TypeError(f"input {name!r}: the values do not fit dtype {expected}")
+    else:
+        raise TypeError(f"input {name!r}: expected a numpy array of dtype {expected}, "
+                        f"got {type(value).__name__}")
+    if tuple(array.shape) != tuple(shape):
+        raise ValueError(f"input {name!r}: expected shape {tuple(shape)}, got {tuple(array.shape)}")
+    return array
+
+
 class Kernel:
     """A compiled program: call it on numpy arrays (inputs in the task's order).
 
     Made by `ansor.build`, not by hand. `kernel(*inputs)` returns the output array (a tuple
-    for several outputs); `out=` may pass preallocated outputs.
+    for several outputs); `out=` may pass preallocated outputs. Every input must have the dtype
+    its placeholder declares (a float64 array for a float32 input raises TypeError; Python
+    lists are converted): the rule of `input_array`, the same as a compiled model's.
 
     Attributes:
         task: The Task it computes.
@@ -80,16 +119,8 @@ class Kernel:
             names = ", ".join(t.name for t in expected)
             raise TypeError(f"kernel {self.task.name!r} takes {len(expected)} inputs ({names}), "
                             f"got {len(inputs)}")
-        arrays = []
-        for t, a in zip(expected, inputs):
-            if not isinstance(a, np.ndarray):
-                raise TypeError(f"input {t.name!r}: expected a numpy array, got {type(a).__name__}")
-            if a.dtype != np.dtype(t.dtype):
-                raise TypeError(f"input {t.name!r}: expected dtype {t.dtype}, got {a.dtype}")
-            if tuple(a.shape) != tuple(t.shape):
-                raise ValueError(f"input {t.name!r}: expected shape {tuple(t.shape)}, got {tuple(a.shape)}")
-            arrays.append(np.ascontiguousarray(a))
-        return arrays
+        return [np.ascontiguousarray(input_array(t.name, a, tuple(t.shape), t.dtype))
+                for t, a in zip(expected, inputs)]
 
     def _outputs(self, out) -> list[np.ndarray]:
         outs = self.task.outputs
@@ -108,8 +139,9 @@ class Kernel:
         return given
 
     def __call__(self, *inputs: np.ndarray, out=None):
-        """Run on numpy inputs; returns the output(s). Inputs on 64-byte boundaries
-        (`ansor.measure.aligned_copy`) run at the speed measured during tuning."""
+        """Run on numpy inputs of the declared dtypes (`input_array`); returns the output(s)
+        as numpy arrays. Inputs on 64-byte boundaries (`ansor.measure.aligned_copy`) run at
+        the speed measured during tuning."""
         arrays = self._check_inputs(inputs)
         outputs = self._outputs(out)
         buffers = arrays + outputs + self._packed

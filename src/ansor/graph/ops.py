@@ -310,9 +310,12 @@ def _sdpa(types, attrs):
     return TensorType(q.shape[:-1] + (v.shape[-1],), q.dtype)
 
 
-@_register("embedding", 2)
+@_register("embedding", 2, {"negative_ids": True})
 def _embedding(types, attrs):
-    """Rows of a [num, dim] table picked by integer ids: inputs (weight, ids)."""
+    """Rows of a [num, dim] table picked by integer ids: inputs (weight, ids). Ids must lie in
+    [-num, num) when `negative_ids` (a negative id counts from the end, as in ONNX Gather and
+    numpy), in [0, num) otherwise (torch.embedding); the executors raise IndexError for any
+    other id rather than read some row."""
     w, ids = types
     _check(len(w.shape) == 2 and ids.dtype.startswith("int"), f"embedding: {w} with ids {ids}")
     return TensorType(ids.shape + (w.shape[1],), w.dtype)
@@ -321,7 +324,9 @@ def _embedding(types, attrs):
 @_register("index", (2, 1 << 8))
 def _index(types, attrs):
     """Advanced indexing of the leading axes, x[i0, i1, ...] as numpy does it: integer index
-    tensors broadcast together and replace as many leading axes of x."""
+    tensors broadcast together and replace as many leading axes of x. Index k must lie in
+    [-n, n) for axis k of size n (a negative one counts from the end, as in torch indexing and
+    ONNX GatherND); the executors raise IndexError for any other."""
     x, idx = types[0], types[1:]
     _check(len(idx) <= len(x.shape), f"index: {len(idx)} indices for rank {len(x.shape)}")
     _check(all(t.dtype.startswith("int") for t in idx), "index: indices must be integers")

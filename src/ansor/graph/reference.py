@@ -9,7 +9,7 @@ seconds. Values keep the dtype the graph gives them (float32 for a typical netwo
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -236,13 +236,42 @@ def _sdpa(xs, a):
 
 @_kernel("embedding")
 def _embedding(xs, a):
-    w, ids = xs
+    w, ids = xs  # run_node checked the ids (`check_indices`)
     return w[ids]
 
 
 @_kernel("index")
 def _index(xs, a):
     return xs[0][tuple(xs[1:])]
+
+
+def gathered_indices(node: Node, args: Sequence[Any]) -> list[tuple[int, int, bool]]:
+    """Where a gather reads its table: (position of the index input, size of the axis it
+    indexes, whether negative indices count from the end) for each index input of an
+    `embedding` or `index` node; empty for any other operator. `args` are the node's inputs,
+    or anything with their shapes."""
+    if node.op == "embedding":
+        return [(1, int(args[0].shape[0]), bool(node.attrs.get("negative_ids", True)))]
+    if node.op == "index":
+        return [(k, int(args[0].shape[k - 1]), True) for k in range(1, len(args))]
+    return []
+
+
+def check_indices(node: Node, position: int, ids: np.ndarray, size: int, negative: bool) -> None:
+    """Raise IndexError when the ids a gather reads along an axis of `size` fall outside
+    [-size, size) (`negative`) or [0, size): PyTorch and onnxruntime raise there too, and a
+    clamped or wrapped read would be a wrong answer that looks right. Both executors call it
+    before the gather runs (the compiled kernels only keep their reads inside the table)."""
+    if ids.size == 0:
+        return
+    low = -size if negative else 0
+    if int(ids.min()) >= low and int(ids.max()) < size:
+        return
+    bad = ids[(ids < low) | (ids >= size)]
+    what = "ids" if node.op == "embedding" else f"index {position - 1}"
+    where = f" ({node.source})" if node.source else ""
+    raise IndexError(f"%{node.output} = {node.op}{where}: {what} must lie in [{low}, {size}), "
+                     f"got {bad.size} of {ids.size} outside it, from {int(bad.min())} to {int(bad.max())}")
 
 
 def _pool_pads(x, a) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -355,6 +384,8 @@ def run_node(graph: Graph, node: Node, args: list[np.ndarray]) -> np.ndarray:
         args = _nhwc_args_as_nchw(node.op, args)
     if node.op in ("conv2d", "max_pool2d", "avg_pool2d"):
         attrs["out_hw"] = out_type.shape[1:3] if channels_last else out_type.shape[2:]
+    for position, size, negative in gathered_indices(node, args):
+        check_indices(node, position, np.asarray(args[position]), size, negative)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         y = KERNELS[node.op](args, attrs)
     if channels_last:
@@ -364,6 +395,38 @@ def run_node(graph: Graph, node: Node, args: list[np.ndarray]) -> np.ndarray:
         raise GraphError(f"%{node.output} = {node.op}: kernel gave shape {y.shape}, "
                          f"graph says {out_type.shape}")
     return y
+
+
+_PASS_IDS_THROUGH = frozenset({"cast", "reshape", "expand", "permute", "slice"})
+
+
+def random_inputs(graph: Graph, seed: int = 0) -> list[np.ndarray]:
+    """Reproducible inputs of the graph's input types, for checking a compiled model against
+    this executor: floats uniform in [-1, 1), bools with probability 1/2, and integers in
+    [0, n) where n is the smallest axis they index (through casts, reshapes, slices), else in
+    [0, 2) (a mask, a token type): ids out of their tables would only test the IndexError."""
+    bound: dict[str, int] = {}
+    producers = graph.producers()
+    for node in graph.nodes:
+        for position, size, _ in gathered_indices(node, [graph.type_of(i) for i in node.inputs]):
+            value = node.inputs[position]
+            while value in producers and producers[value].op in _PASS_IDS_THROUGH:
+                value = producers[value].inputs[0]
+            bound[value] = min(bound.get(value, size), size)
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for name in graph.inputs:
+        t = graph.types[name]
+        dtype = np.dtype(t.dtype)
+        if dtype.kind == "f":
+            arrays.append(rng.uniform(-1.0, 1.0, t.shape).astype(dtype))
+        elif dtype.kind in "iu":
+            arrays.append(rng.integers(0, max(1, bound.get(name, 2)), t.shape).astype(dtype))
+        elif dtype.kind == "b":
+            arrays.append(rng.random(t.shape) < 0.5)
+        else:
+            raise GraphError(f"input {name!r}: no random values of dtype {dtype}")
+    return arrays
 
 
 def run_graph(graph: Graph, inputs: Mapping[str, Any] | list[Any]) -> list[np.ndarray]:

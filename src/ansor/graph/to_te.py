@@ -347,9 +347,12 @@ def _attention(args: list[Value], node: Node, out: TensorType, name: str) -> Ten
 
 
 def _wrap_index(v: E.Expr, n: int) -> E.Expr:
-    """A gathered index as numpy takes it (negative counts from the end), clamped into
-    [0, n): ids outside the table are an error in the frameworks, and the clamp keeps every
-    read of the generated code inside the table whatever the ids hold."""
+    """A gathered index as numpy takes it (negative counts from the end), clamped into [0, n).
+    The clamp is a memory guard, not a meaning: ids outside the table are an error, which the
+    compiled model raises before the kernel runs (it scans the ids with
+    `reference.check_indices`, as the numpy executor does); the kernel itself cannot raise,
+    and the clamp keeps every read of the generated code inside the table whatever the ids
+    hold. Ids the check lets through are never changed by it."""
     v = E.if_then_else(v < 0, v + n, v)
     return E.minimum(E.maximum(v, 0), n - 1)
 

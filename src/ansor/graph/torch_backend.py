@@ -16,7 +16,11 @@ compute values only, so inference should run under `torch.no_grad()` or `torch.i
 Options (`torch.compile(m, backend="ansor", options={...})`): `database` (path or Database;
 default: the default database), `trials` (tune the graph's tasks first with this many
 measurements; default 0), `verbose` (say what runs where; default True), `winograd` (False
-keeps 3x3 convolutions direct; default True, see `ansor.graph.winograd`).
+keeps 3x3 convolutions direct; default True, see `ansor.graph.winograd`), `check` (run each
+compiled graph once on Dynamo's example inputs and compare it with the eager graph under the
+tolerance of `CompiledModel.check`; a mismatch raises `OutputMismatchError` naming the first
+output out of tolerance instead of running a wrong answer or hiding it behind PyTorch; default
+False).
 """
 
 from __future__ import annotations
@@ -36,9 +40,10 @@ def ansor_backend(gm: Any, example_inputs: Sequence[Any], options: dict | None =
     trials = int(opts.pop("trials", 0))
     verbose = bool(opts.pop("verbose", True))
     winograd = bool(opts.pop("winograd", True))
+    check = bool(opts.pop("check", False))
     if opts:
         raise TypeError(f"ansor backend: unknown options {', '.join(sorted(opts))} "
-                        f"(known: database, trials, verbose, winograd)")
+                        f"(known: check, database, trials, verbose, winograd)")
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     weight_positions = [i for i, (node, x) in enumerate(zip(placeholders, example_inputs))
                         if isinstance(x, torch.nn.Parameter) or any(m in node.name for m in _WEIGHT_MARKERS)]
@@ -50,6 +55,8 @@ def ansor_backend(gm: Any, example_inputs: Sequence[Any], options: dict | None =
         if verbose:
             print(f"ansor: a graph of {len(gm.graph.nodes)} nodes runs in PyTorch: {err}", file=sys.stderr)
         return gm.forward
+    if check:
+        _check_against_eager(gm, compiled, example_inputs, activation_positions, verbose)
     weights = [example_inputs[i] for i in weight_positions]
     versions = [w._version for w in weights]
     told = set()
@@ -85,6 +92,30 @@ def _compile(gm: Any, example_inputs: Sequence[Any], weight_positions: list[int]
     if trials > 0:
         ansor.tune(graph, trials=trials, database=database, progress=verbose, winograd=winograd)
     return ansor.build(graph, database=database, verbose=verbose, winograd=winograd)
+
+
+def _check_against_eager(gm: Any, compiled: Any, example_inputs: Sequence[Any], activation_positions: list[int],
+                         verbose: bool) -> None:
+    """Compare the compiled graph with the eager one on the example inputs (outside the
+    fallback's `except`: a wrong answer is an error, not a reason to run quietly in PyTorch)."""
+    import torch
+
+    from ansor.graph.compiled import OutputMismatchError, compare_outputs
+
+    with torch.no_grad():
+        want = gm(*example_inputs)
+        got = compiled(*[example_inputs[i].detach() for i in activation_positions])
+    want = list(want) if isinstance(want, (tuple, list)) else [want]
+    got = list(got) if isinstance(got, tuple) else [got]
+    as_numpy = [g.numpy() if isinstance(g, torch.Tensor) else g for g in got]
+    report = compare_outputs(compiled, as_numpy, [w.detach().cpu().numpy() for w in want])
+    if not report.ok:
+        raise OutputMismatchError(f"ansor backend: a compiled graph disagrees with PyTorch eager on the example "
+                                  f"inputs: {report.first_mismatch}", report)
+    if verbose:
+        print(f"ansor: a compiled graph matches PyTorch eager on the example inputs "
+              f"(max abs error {max((o.max_abs_error for o in report.outputs), default=0.0):.2g})",
+              file=sys.stderr)
 
 
 def _bound_weights_module(gm: Any, example_inputs: Sequence[Any], weight_positions: list[int]):

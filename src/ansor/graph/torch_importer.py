@@ -595,7 +595,8 @@ def _sdpa(imp: _Importer, node, args, kwargs):
 
 @_handles("aten.embedding")
 def _embedding(imp: _Importer, node, args, kwargs):
-    return imp.emit("embedding", [args[0], args[1]])
+    # torch.embedding refuses negative ids (indexing with a tensor, aten.index, takes them)
+    return imp.emit("embedding", [args[0], args[1]], negative_ids=False)
 
 
 @_handles("aten.index")
