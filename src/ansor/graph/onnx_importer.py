@@ -522,7 +522,11 @@ def _gather(imp: _OnnxImporter, node: Any) -> None:
     if indices in imp.known and imp.known[indices].ndim == 0:  # x[..., i, ...]: a slice, axis dropped
         shape = imp.shape(data)
         axis %= len(shape)
-        i = int(imp.known[indices]) % shape[axis]
+        i = int(imp.known[indices])
+        if not -shape[axis] <= i < shape[axis]:
+            raise IndexError(f"ONNX Gather node {node.name!r}: index {i} is out of range for an axis of "
+                             f"{shape[axis]}")
+        i %= shape[axis]
         part = imp.graph.add_node("slice", [imp.value(data)], {"axis": axis, "start": i, "end": i + 1, "step": 1})
         imp.emit(node, "reshape", [part], shape=shape[:axis] + shape[axis + 1:])
         return
@@ -734,3 +738,68 @@ def _pad(imp: _OnnxImporter, node: Any) -> None:
         imp._unsupported(node, "axes input of")
     pairs = tuple((pads[i], pads[i + rank]) for i in range(rank))
     imp.emit(node, "pad", [imp.value(node.input[0])], pads=pairs, value=value)
+
+
+@_handles("Split", attrs=("axis", "split", "num_outputs"))
+def _split(imp: _OnnxImporter, node: Any) -> None:
+    """Each output a slice along `axis`: sizes from the `split` input (opset 13) or attribute,
+    else `num_outputs` parts of ceil(n / parts) (the last smaller), else equal parts."""
+    shape = imp.shape(node.input[0])
+    axis = int(_attr(node, "axis", 0))
+    if not -len(shape) <= axis < len(shape):
+        imp._unsupported(node, f"axis {axis} out of range for rank {len(shape)} of")
+    axis %= len(shape)
+    n, outputs = shape[axis], [o for o in node.output]
+    if len(node.input) > 1 and node.input[1]:
+        sizes = [int(v) for v in imp.const(node.input[1], "split sizes", node)]
+    elif _attr(node, "split", None) is not None:
+        sizes = [int(v) for v in _attr(node, "split", None)]
+    elif _attr(node, "num_outputs", None) is not None:
+        parts = int(_attr(node, "num_outputs", None))
+        step = -(-n // parts)
+        sizes = [min(step, n - i * step) for i in range(parts)]
+    else:
+        if n % len(outputs):
+            imp._unsupported(node, f"uneven split of {n} into {len(outputs)} of")
+        sizes = [n // len(outputs)] * len(outputs)
+    if len(sizes) != len(outputs) or sum(sizes) != n or min(sizes) <= 0:
+        imp._unsupported(node, f"split sizes {sizes} of an axis of {n} into {len(outputs)} outputs of")
+    x, start = imp.value(node.input[0]), 0
+    for out, size in zip(outputs, sizes):
+        if out:
+            imp.values[out] = imp.graph.add_node("slice", [x], {"axis": axis, "start": start, "end": start + size,
+                                                                "step": 1}, source=f"ONNX Split {node.name!r}")
+        start += size
+
+
+@_handles("Tile")
+def _tile(imp: _OnnxImporter, node: Any) -> None:
+    """np.tile: each axis of extent d repeated r times is the axis pair (r, d) expanded from
+    (1, d), then joined."""
+    shape = imp.shape(node.input[0])
+    repeats = [int(r) for r in imp.const(node.input[1], "repeats", node)]
+    if len(repeats) != len(shape) or min(repeats, default=1) < 1:
+        imp._unsupported(node, f"repeats {repeats} for a rank-{len(shape)} input of")
+    x = imp.value(node.input[0])
+    if all(r == 1 for r in repeats):
+        imp.values[node.output[0]] = x
+        return
+    paired = imp.graph.add_node("reshape", [x], {"shape": tuple(v for d in shape for v in (1, d))})
+    wide = imp.graph.add_node("expand", [paired], {"shape": tuple(v for d, r in zip(shape, repeats) for v in (r, d))})
+    imp.emit(node, "reshape", [wide], shape=tuple(d * r for d, r in zip(shape, repeats)))
+
+
+@_handles("Trilu", attrs=("upper",))
+def _trilu(imp: _OnnxImporter, node: Any) -> None:
+    """The upper (or lower) triangle of the last two axes from diagonal k: a constant mask
+    known at import (the shape is static), applied with `where`."""
+    shape = imp.shape(node.input[0])
+    if len(shape) < 2:
+        imp._unsupported(node, f"rank-{len(shape)} input of")
+    k = int(np.asarray(imp.const(node.input[1], "diagonal", node)).reshape(-1)[0]) \
+        if len(node.input) > 1 and node.input[1] else 0
+    rows, cols = shape[-2:]
+    mask = np.triu(np.ones((rows, cols), bool), k) if _attr(node, "upper", 1) else np.tril(np.ones((rows, cols), bool), k)
+    dtype = imp.dtype(node.input[0])
+    imp.emit(node, "where", [imp.graph.add_constant(mask), imp.value(node.input[0]),
+                             imp.graph.add_constant(np.zeros((), dtype))])
