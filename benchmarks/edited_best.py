@@ -19,19 +19,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import sys
 
 import ansor.lower.transposed_store as transposed_store
-from ansor.baselines import time_torch, torch_available
+from ansor.baselines import measure_in_turns, time_torch, torch_available
 from ansor.kernel import compile_state
 from ansor.schedule.state import ScheduleError, State
 from ansor.schedule.steps import steps_from_json
 from ansor.store import open_store
 from ansor.workloads import WORKLOADS, make_task, workload_options
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from suite import time_in_turns  # noqa: E402
+from common import TIMING_ROUNDS, TURN_PAUSE_S
 
 
 def edited(steps: list, edits: str) -> list:
@@ -109,9 +106,10 @@ def main() -> None:
     if w.torch_fn is not None and torch_available():
         o = workload_options(args.workload, shape, **opts)
         timers["torch"] = lambda: time_torch(w.torch_fn, o, inputs).median
-    results = time_in_turns(timers)
-    base = results.get("torch", (None,))[0]
-    for name, (median, lo, hi) in results.items():
+    results = measure_in_turns(timers, rounds=TIMING_ROUNDS, pause_s=TURN_PAUSE_S)
+    base = results["torch"].median if "torch" in results else None
+    for name, timing in results.items():
+        median, lo, hi = timing.median, min(timing.runs), max(timing.runs)
         ratio = f"  {base / median:.2f}x PyTorch" if base and name != "torch" else ""
         print(f"{name:20s} {median * 1e3:8.3f} ms ({lo * 1e3:.3f}-{hi * 1e3:.3f}) "
               f"{task.flop / median / 1e9:7.1f} GF/s{ratio}")

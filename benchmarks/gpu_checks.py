@@ -24,19 +24,17 @@ import argparse
 import random
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+import ansor
+from ansor.backend import build_programs, generate_source
+from ansor.lower.gpu import GPUScheduleError
+from ansor.measure import MeasureErrorNo, TimingPolicy
+from ansor.measure.check import task_rtol
+from ansor.search.annotate_gpu import annotate_gpu
+from ansor.search.sketch_policy import SketchPolicy
+from ansor.workloads import make_task
 
-import ansor  # noqa: E402
-from ansor.backend import build_programs, generate_source  # noqa: E402
-from ansor.lower.gpu import GPUScheduleError  # noqa: E402
-from ansor.measure import MeasureErrorNo, TimingPolicy  # noqa: E402
-from ansor.measure.check import task_rtol  # noqa: E402
-from ansor.search.annotate_gpu import annotate_gpu  # noqa: E402
-from ansor.search.sketch_policy import SketchPolicy  # noqa: E402
-from ansor.workloads import make_task  # noqa: E402
-from suite import SUITE  # noqa: E402
+from common import SUITE
 
 CHECK_ONLY = TimingPolicy(warmup=0, repeat=1, min_repeat_ms=0.0, max_seconds=0.0)  # one timed call
 

@@ -6,6 +6,7 @@ best of an 8-trial tuning job for `Target.cuda()`, run both, compare with numpy.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -17,6 +18,7 @@ from ansor.workloads import make_task
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     task = make_task("matmul", (128, 128, 128), target=ansor.Target.cuda())
     db = str(Path(tempfile.mkdtemp()) / "smoke.db")
     inputs = task.random_inputs(seed=1)

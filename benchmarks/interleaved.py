@@ -1,6 +1,6 @@
 """Thread pools side by side: ansor's OpenMP kernels, numpy's OpenBLAS and PyTorch, interleaved.
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/interleaved.py
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/interleaved.py [DATABASE]
 
 A compiled model whose fallback subgraphs run numpy, or a torch.compile'd model with graph
 breaks, calls one runtime right after another. Each runtime's idle workers spin for a while
@@ -8,11 +8,13 @@ after their work before they sleep (libgomp: GOMP_SPINCOUNT; OpenBLAS: its threa
 on a machine with few cores the spinning workers of one runtime take the cores the next one
 needs. This script times a 512^3 ansor matmul kernel, numpy's matmul and PyTorch's matmul in
 blocks (one implementation many times) and interleaved (one call of each in turn), in fresh
-processes under different settings, so the cost and the fix are measured, not guessed.
+processes under different settings, so the cost and the fix are measured, not guessed. The
+kernel is the best of DATABASE (default interleaved.db; a quick search records one if none).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -78,7 +80,10 @@ def run(env_extra: dict, use_torch: bool, limit_blas: bool, database: str) -> di
 
 
 def main() -> None:
-    database = sys.argv[1] if len(sys.argv) > 1 else "interleaved.db"
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("database", nargs="?", default="interleaved.db",
+                        help="records of the 512^3 matmul (default interleaved.db)")
+    database = parser.parse_args().database
     settings = [
         ("defaults", {}, False),
         ("GOMP_SPINCOUNT=10000", {"GOMP_SPINCOUNT": "10000"}, False),

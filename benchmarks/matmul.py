@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import subprocess
 import tempfile
 import time
 
@@ -18,6 +17,8 @@ import numpy as np
 import ansor
 from ansor.baselines import time_numpy, time_torch, torch_available
 from ansor.workloads import WORKLOADS, make_task
+
+from common import git_commit
 
 
 def main() -> None:
@@ -44,8 +45,7 @@ def main() -> None:
     if torch_available():
         timings["torch"] = time_torch(WORKLOADS["matmul"].torch_fn, {}, [a, b]).median
     gf = {k: task.flop / v / 1e9 for k, v in timings.items()}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; commit {commit}; "
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; commit {git_commit()}; "
           f"date {time.strftime('%Y-%m-%d')}")
     print(f"matmul {shape} float32, policy {args.policy}, {res.trials} trials "
           f"({res.errors} errors) in {tune_s:.0f} s")

@@ -27,54 +27,14 @@ import warnings
 
 import numpy as np
 
+from ansor.pretrain.models import MODEL_NAMES, make_model
+
 warnings.filterwarnings("ignore", category=FutureWarning)
-
-
-def make_model(name: str):
-    """(module, example inputs) for a named model, weights random but fixed."""
-    import torch
-    import transformers
-
-    torch.manual_seed(0)
-
-    class Logits(torch.nn.Module):
-        def __init__(self, model):
-            super().__init__()
-            self.model = model
-
-        def forward(self, x):
-            return self.model(x).logits
-
-    if name == "resnet18":
-        config = transformers.ResNetConfig(depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512],
-                                           layer_type="basic", embedding_size=64, num_labels=1000)
-        return Logits(transformers.ResNetForImageClassification(config)), (torch.randn(1, 3, 224, 224),)
-    if name == "resnet50":
-        config = transformers.ResNetConfig(layer_type="bottleneck", num_labels=1000)
-        return Logits(transformers.ResNetForImageClassification(config)), (torch.randn(1, 3, 224, 224),)
-    if name == "mobilenet_v2":
-        config = transformers.MobileNetV2Config(num_labels=1000)
-        return Logits(transformers.MobileNetV2ForImageClassification(config)), (torch.randn(1, 3, 224, 224),)
-    if name == "bert_layer":
-        config = transformers.BertConfig(num_hidden_layers=1, hidden_size=768, num_attention_heads=12,
-                                         intermediate_size=3072)
-        layer = transformers.BertModel(config, add_pooling_layer=False).encoder.layer[0]
-
-        class Layer(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.layer = layer
-
-            def forward(self, h):
-                return self.layer(h)
-
-        return Layer(), (torch.randn(1, 128, 768),)
-    raise SystemExit(f"unknown model {name!r}: resnet18, resnet50, mobilenet_v2, bert_layer")
 
 
 class CurveLogger:
     """After every round: trials so far and the model's estimated latency (sum of weight x best
-    latency over tasks; infinite until every task has a program)."""
+    latency over tasks; infinite until every task has a program). A `RoundCallback` calls it."""
 
     def __init__(self, weights_by_task: dict[int, float]):
         self.weights = weights_by_task
@@ -188,6 +148,9 @@ def bench(name: str, args) -> dict:
     from ansor.baselines import paired_ratio, time_in_turns
     from ansor.graph.model_tasks import extract_tasks
     from ansor.graph.model_tuning import tune_model
+    from ansor.report import TuneProgress
+    from ansor.store import open_store
+    from ansor.tuning.callbacks import RoundCallback
 
     module, inputs = make_model(name)
     module = module.eval()
@@ -200,9 +163,11 @@ def bench(name: str, args) -> dict:
         curve = CurveLogger({id(t): w for t, w in zip(tasks.tasks, tasks.weights)})
         trials = args.trials_per_task * len(tasks.tasks)
         start = time.time()
-        tune_model(tasks, trials=trials, database=args.database, scheduler=args.scheduler, seed=args.seed,
-                   time_budget=args.time_budget, progress=not args.quiet, callback=curve,
-                   measures_per_round=args.per_round)
+        callbacks = [RoundCallback(curve)] + ([] if args.quiet else [TuneProgress()])
+        per_round = {} if args.per_round is None else {"measures_per_round": args.per_round}
+        with open_store(args.database)[0] as store:
+            tune_model(tasks, store, trials, scheduler=args.scheduler, seed=args.seed,
+                       time_budget=args.time_budget, callbacks=callbacks, **per_round)
         print(f"tuned {name} in {time.time() - start:.0f} s", flush=True)
     compiled = ansor.build(graph, database=args.database, winograd=not args.no_winograd)
     print(compiled.summary(), flush=True)
@@ -264,7 +229,8 @@ def bench(name: str, args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="resnet18,mobilenet_v2,bert_layer")
+    parser.add_argument("--models", default="resnet18,mobilenet_v2,bert_layer",
+                        help=f"comma-separated, of {', '.join(MODEL_NAMES)}")
     parser.add_argument("--database", default="models.db")
     parser.add_argument("--trials-per-task", type=int, default=0,
                         help="tune first: this many trials times the number of distinct tasks (default 0)")
@@ -281,6 +247,9 @@ def main() -> None:
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument("--json", help="append each model's row to this JSON-lines file")
     args = parser.parse_args()
+    unknown = set(args.models.split(",")) - set(MODEL_NAMES)
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(sorted(unknown))}; known: {', '.join(MODEL_NAMES)}")
     for name in args.models.split(","):
         row = bench(name, args)
         if args.json:

@@ -15,16 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import tempfile
 import time
 
 import ansor
+from ansor.baselines import measure_in_turns
 from ansor.costmodel.model import XGBModel
 from ansor.search.sketch_policy import SketchPolicy
 from ansor.workloads import make_task
 
-from suite import SUITE, build_checked, time_in_turns, trials_to_reach
+from common import SUITE, TIMING_ROUNDS, TURN_PAUSE_S, build_checked, git_commit, trials_to_reach
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -63,8 +63,7 @@ def main() -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     variants = list(args.variant) + ([("random", None)] if args.random else [])
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    print(f"# params A/B; {os.cpu_count()} cores; commit {commit}; {time.strftime('%Y-%m-%d %H:%M')}; "
+    print(f"# params A/B; {os.cpu_count()} cores; commit {git_commit()}; {time.strftime('%Y-%m-%d %H:%M')}; "
           f"{args.trials} trials, seed {args.seed}; variants {', '.join(n for n, _ in variants)}")
     db_dir = args.databases or tempfile.mkdtemp()
     os.makedirs(db_dir, exist_ok=True)
@@ -76,17 +75,17 @@ def main() -> None:
         print(label, flush=True)
         built = {v: tune_variant(task, v, o, args.trials, args.seed, db_dir) for v, o in variants}
         timers = {v: (lambda k=k, x=x: k.time(*x)) for v, (k, x, _) in built.items()}
-        timed = time_in_turns(timers)
+        timed = measure_in_turns(timers, rounds=TIMING_ROUNDS, pause_s=TURN_PAUSE_S)
         first = variants[0][0]
         row = {"label": label, "trials": args.trials, "flop": task.flop,
                "curves": {v: c for v, (_, _, c) in built.items()}}
         for v, _ in variants:
-            median, lo, hi = timed[v]
+            median, lo, hi = timed[v].median, min(timed[v].runs), max(timed[v].runs)
             best_other = max((g for _, g in built[v][2]), default=0.0)
             reach = trials_to_reach(built[first][2], best_other) if v != first else None
             row[v] = {"median_s": median, "spread_s": [lo, hi], "first_reaches_its_best_at": reach}
             print(f"  {v:>12} {median * 1e3:9.3f} ms ({lo * 1e3:.3f}-{hi * 1e3:.3f}) "
-                  f"{task.flop / median / 1e9:7.1f} GF/s; {first} over it {median / timed[first][0]:.2f}x"
+                  f"{task.flop / median / 1e9:7.1f} GF/s; {first} over it {median / timed[first].median:.2f}x"
                   + (f"; {first} reached its best during tuning at trial {reach}" if v != first else ""),
                   flush=True)
         rows.append(row)

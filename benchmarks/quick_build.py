@@ -5,8 +5,8 @@ For each workload (the suite's shapes, which are never in the pretrained model's
      measured), with its wall time;
   2. `ansor.tune(task, trials=16)` on another fresh database;
   3. the best program of a database tuned with 300 trials (`--tuned DIR`, one database per
-     workload named as `benchmarks/suite.py --databases` names them; missing ones are tuned
-     here first, which takes a few minutes each);
+     workload named after its label, e.g. `matmul_512.db`; missing ones are tuned here first,
+     which takes a few minutes each);
 and the three kernels are timed in turns in this process (medians of several rounds).
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/quick_build.py \\
@@ -22,17 +22,16 @@ import argparse
 import json
 import os
 import re
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+import ansor
+from ansor.baselines import time_in_turns
+from ansor.store import open_store
+from ansor.tuning.quick import QUICK_TRIALS, quick_search
+from ansor.workloads import make_task
 
-import ansor  # noqa: E402
-from ansor.baselines import time_in_turns  # noqa: E402
-from ansor.workloads import make_task  # noqa: E402
-from suite import SUITE  # noqa: E402
+from common import SUITE
 
 
 def slug(label: str) -> str:
@@ -46,20 +45,25 @@ def checked(kernel, task) -> None:
         raise SystemExit(f"{task.name}: the kernel disagrees with numpy: {problem}")
 
 
+def _count(path: str) -> int:
+    """Records in a database file."""
+    with open_store(path, create=False)[0] as store:
+        return store.count()
+
+
 def run(label: str, name: str, shape, opts: dict, args) -> dict:
     task = make_task(name, shape, **opts)
     tuned_db = os.path.join(args.tuned, f"{slug(label)}.db")
-    if not os.path.exists(tuned_db) or ansor.store.Database(tuned_db).count() < args.tuned_trials:
+    if not os.path.exists(tuned_db) or _count(tuned_db) < args.tuned_trials:
         print(f"{label}: tuning {args.tuned_trials} trials into {tuned_db} first")
         ansor.tune(task, trials=args.tuned_trials, database=tuned_db, progress=False, seed=0,
                    transfer_programs=0, pretrained=False)
     with tempfile.TemporaryDirectory() as tmp:
-        from ansor.tuning.quick import QUICK_TRIALS, quick_search
-
         start = time.perf_counter()
         if args.no_pretrained:
-            quick_search(task, os.path.join(tmp, "quick.db"), QUICK_TRIALS, pretrained=False)
-            quick = ansor.build(task, database=os.path.join(tmp, "quick.db"))
+            with open_store(os.path.join(tmp, "quick.db"))[0] as store:
+                quick_search(task, store, QUICK_TRIALS, pretrained=False)
+                quick = ansor.build(task, database=store)
         else:
             quick = ansor.build(task, database=os.path.join(tmp, "quick.db"))
         quick_seconds = time.perf_counter() - start

@@ -17,12 +17,12 @@ import statistics
 import time
 
 from ansor.backend.cpu import generate_c
-from ansor.store import Database
-from ansor.kernel import steps_from_json
 from ansor.lower.lower import lower
 from ansor.measure import Builder, MeasureErrorNo, TimingPolicy
 from ansor.measure.run import evaluate_kernel
 from ansor.schedule.state import State
+from ansor.schedule.steps import steps_from_json
+from ansor.store import open_store
 from ansor.workloads import make_task
 
 
@@ -51,8 +51,8 @@ def main() -> None:
     opts = {k: int(v) for k, v in (o.split("=", 1) for o in args.option)}
     task = make_task(args.workload, tuple(int(x) for x in args.shape.split(",")), **opts)
     target = task.target
-    db = Database(args.database)
-    records = db.best(task.workload_key, target.key, k=args.top)
+    with open_store(args.database, create=False)[0] as db:
+        records = db.best(task.workload_key, target.key, k=args.top)
     print(f"# {args.workload} {args.shape} on {target.key}; {len(records)} records; "
           f"{time.strftime('%Y-%m-%d %H:%M')}")
     inputs = task.random_inputs(0)

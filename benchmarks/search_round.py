@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 
@@ -24,6 +23,8 @@ from ansor.costmodel.model import XGBModel
 from ansor.store import Database
 from ansor.search.sketch_policy import SketchPolicy
 from ansor.workloads import make_task
+
+from common import git_commit
 
 
 def main() -> None:
@@ -37,8 +38,7 @@ def main() -> None:
     args = p.parse_args()
     shape = tuple(int(x) for x in args.shape.split(","))
     task = make_task(args.workload, shape)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    print(f"# search round: {args.workload} {shape}; {os.cpu_count()} cores; commit {commit}; "
+    print(f"# search round: {args.workload} {shape}; {os.cpu_count()} cores; commit {git_commit()}; "
           f"{time.strftime('%Y-%m-%d %H:%M')}")
     db_path = args.database or os.path.join(tempfile.mkdtemp(), "round.db")
     db = Database(db_path)

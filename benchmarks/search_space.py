@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import subprocess
 import tempfile
 import time
 
 import ansor
 from ansor.baselines import time_numpy, time_torch
 from ansor.workloads import WORKLOADS, make_task, workload_options
+
+from common import git_commit
 
 
 def main() -> None:
@@ -32,9 +33,8 @@ def main() -> None:
     args = p.parse_args()
     shape = tuple(int(x) for x in args.shape.split(","))
     w = WORKLOADS[args.workload]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"# {args.workload} {shape}, {args.trials} trials per policy; {platform.machine()} "
-          f"{os.cpu_count()} cores; commit {commit}; {time.strftime('%Y-%m-%d %H:%M')}")
+          f"{os.cpu_count()} cores; commit {git_commit()}; {time.strftime('%Y-%m-%d %H:%M')}")
     curves, rows = {}, []
     inputs = None
     for policy in args.policies:

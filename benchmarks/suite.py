@@ -27,7 +27,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import tempfile
 import time
 
@@ -36,26 +35,8 @@ from ansor.baselines import time_numpy, time_torch, torch_available
 from ansor.store import open_store
 from ansor.workloads import WORKLOADS, make_task, workload_options
 
-# (label, workload name, shape, options)
-SUITE = [
-    ("matmul 512", "matmul", (512, 512, 512), {}),
-    ("matmul 1024", "matmul", (1024, 1024, 1024), {}),
-    ("batch_matmul 12x128x64@64x128", "batch_matmul", (12, 128, 128, 64), {}),
-    ("conv2d 64x56x56 3x3", "conv2d", (1, 64, 56, 56, 64, 3, 3), {"padding": 1}),
-    ("conv2d 256x14x14 3x3", "conv2d", (1, 256, 14, 14, 256, 3, 3), {"padding": 1}),
-    ("conv2d stem 7x7 s2", "conv2d", (1, 3, 224, 224, 64, 7, 7), {"stride": 2, "padding": 3}),
-    ("depthwise 128x56x56 3x3", "depthwise_conv2d", (1, 128, 56, 56, 3, 3), {"padding": 1}),
-    ("conv2d_transpose 512x4x4 k4 s2", "conv2d_transpose", (1, 512, 4, 4, 256, 4, 4), {"stride": 2, "padding": 1}),
-    ("norm2 1024x1024", "norm2", (1024, 1024), {}),
-    ("softmax 1536x128", "softmax", (1536, 128), {}),
-    ("layer_norm+gelu 4096x768", "layer_norm_gelu", (4096, 768), {}),
-    ("matmul 512 +bias+relu", "matmul_bias_relu", (512, 512, 512), {}),
-    ("conv2d+bias+relu 64x56x56", "conv2d_bias_relu", (1, 64, 56, 56, 64, 3, 3), {"padding": 1}),
-]
+from common import SUITE, TIMING_ROUNDS, TURN_PAUSE_S, build_checked, git_commit, trials_to_reach
 
-
-TIMING_ROUNDS = 5  # ansor and each baseline are timed in turn this many times; medians are kept
-TURN_PAUSE_S = 0.2
 
 
 def copy_other_workloads(task, source_dir: str, db_path: str) -> int:
@@ -127,17 +108,6 @@ def curve_from_database(task, db: str, trials: int) -> list:
     return curve
 
 
-def build_checked(task, db: str, label: str):
-    """The database's best kernel of the task and the inputs it was checked on against the
-    reference (a wrong kernel stops the benchmark)."""
-    kernel = ansor.build(task, database=db)
-    inputs = task.random_inputs(seed=1)
-    problem = kernel.check(*inputs)
-    if problem:
-        raise AssertionError(f"{label}: built kernel is wrong: {problem}")
-    return kernel, inputs
-
-
 def time_in_turns(timers: dict) -> dict:
     """Median and spread (min, max) of seconds per call for each named timer, timed in turns
     so that a noisy stretch of the machine hits every side alike. Each round starts with a
@@ -153,11 +123,6 @@ def time_in_turns(timers: dict) -> dict:
             if sec is not None:
                 samples[key].append(sec)
     return {k: (statistics.median(v), min(v), max(v)) for k, v in samples.items() if v}
-
-
-def trials_to_reach(curve: list, gflops: float) -> int | None:
-    """The first trial at which a tuning curve (trial, best GFLOP/s so far) reaches `gflops`."""
-    return next((t for t, g in curve if g >= gflops), None)
 
 
 def main() -> None:
@@ -180,8 +145,7 @@ def main() -> None:
     args = p.parse_args()
     if args.reuse and not args.databases:
         p.error("--reuse needs --databases")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    print(f"# ansor suite; {platform.machine()} {os.cpu_count()} cores; commit {commit}; "
+    print(f"# ansor suite; {platform.machine()} {os.cpu_count()} cores; commit {git_commit()}; "
           f"{time.strftime('%Y-%m-%d %H:%M')}; policy {args.policy}"
           + (f" vs {args.compare}" if args.compare else ""))
     results = []

@@ -29,6 +29,8 @@ import ansor
 from ansor.report import plot_curves
 from ansor.workloads import make_task
 
+from common import trials_to_reach
+
 WORKLOADS = {
     "matmul 512": ("matmul", (512, 512, 512), {}),
     "conv2d 64x56x56 3x3": ("conv2d", (1, 64, 56, 56, 64, 3, 3), {"padding": 1}),
@@ -37,17 +39,12 @@ WORKLOADS = {
 SOURCES = {"AVX2": {"isa": "avx2"}, "1 core": {"num_cores": 1}}
 
 
-def trials_to_reach(curve: list[tuple[int, float]], gflops: float) -> int | None:
-    """The first trial count whose best is at least `gflops`, or None."""
-    return next((t for t, g in curve if g >= gflops), None)
-
-
 def run_workload(label: str, args, tmp: str) -> dict:
     name, shape, opts = WORKLOADS[label]
-    common = {"seed": args.seed, "progress": False, "pretrained": args.pretrained}
+    job = {"seed": args.seed, "progress": False, "pretrained": args.pretrained}
     slug = "".join(c if c.isalnum() else "_" for c in label)
     scratch = ansor.tune(make_task(name, shape, **opts), trials=args.trials,
-                         database=os.path.join(tmp, f"{slug}_scratch.db"), **common)
+                         database=os.path.join(tmp, f"{slug}_scratch.db"), **job)
     goal = 0.95 * scratch.best_gflops
     n_scratch = trials_to_reach(scratch.curve, goal)
     row = {"workload": label, "scratch_best_gflops": scratch.best_gflops, "scratch_trials_to_95": n_scratch,
@@ -59,11 +56,11 @@ def run_workload(label: str, args, tmp: str) -> dict:
         source = ansor.Target.host(**SOURCES[source_label])
         a_db = os.path.join(tmp, f"{slug}_{source.key}.db")
         a = ansor.tune(make_task(name, shape, target=source, **opts), trials=args.source_trials,
-                       database=a_db, **common)
+                       database=a_db, **job)
         b_db = os.path.join(tmp, f"{slug}_{source.key}_transfer.db")
         shutil.copy(a_db, b_db)
         b = ansor.tune(make_task(name, shape, **opts), trials=args.transfer_trials, database=b_db,
-                       transfer_from=source, **common)
+                       transfer_from=source, **job)
         n = trials_to_reach(b.curve, goal)
         ratio = n / n_scratch if n and n_scratch else None
         row["sources"][source_label] = {"target": source.key, "source_best_gflops": a.best_gflops,

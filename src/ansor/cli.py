@@ -210,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     imp = sub.add_parser("import", help="read records from JSON lines (skipping ones already present)")
     imp.add_argument("path", help="a JSON-lines file written by `ansor export`")
     imp.add_argument("--database", help=DATABASE_HELP + "; created if missing")
+    from ansor.pretrain.command import add_pretrain_parser
+
+    add_pretrain_parser(sub)
     return parser
 
 
@@ -290,6 +293,7 @@ def _main(argv: list[str] | None) -> int:
                 "sample": cmd_sample, "costmodel": cmd_costmodel, "export": cmd_export, "import": cmd_import,
                 "tune-model": cmd_tune_model, "run-model": cmd_run_model, "viz": cmd_viz}
     commands["compare"] = cmd_compare
+    commands["pretrain"] = cmd_pretrain
     try:
         return commands[args.command](args)
     except (KeyError, ValueError, TypeError, DatabaseError, ScheduleError, FileNotFoundError,
@@ -716,6 +720,13 @@ def cmd_import(args) -> int:
         n = db.import_jsonl(args.path)
     print(f"imported {n} new records from {args.path}")
     return 0
+
+
+def cmd_pretrain(args) -> int:
+    from ansor.pretrain.command import run_pretrain
+    from ansor.report import TuneProgress
+
+    return run_pretrain(args, progress=TuneProgress)
 
 
 if __name__ == "__main__":
