@@ -38,7 +38,6 @@ from ansor.workloads import WORKLOADS, make_task, workload_options
 from common import SUITE, TIMING_ROUNDS, TURN_PAUSE_S, build_checked, git_commit, trials_to_reach
 
 
-
 def copy_other_workloads(task, source_dir: str, db_path: str) -> int:
     """Copy into db_path the records of every workload but the task's, from the databases in
     source_dir; returns how many records were copied. A workload with the task's spec under
