@@ -21,7 +21,7 @@ import contextlib
 import json
 
 import ansor.lower.transposed_store as transposed_store
-from ansor.baselines import measure_in_turns, time_torch, torch_available
+from ansor.baselines import time_in_turns, torch_available, torch_callable
 from ansor.kernel import compile_state
 from ansor.schedule.state import ScheduleError, State
 from ansor.schedule.steps import steps_from_json
@@ -101,12 +101,13 @@ def main() -> None:
         if problem:
             print(f"{name}: wrong output, not timed ({problem})")
             continue
-        timers[name] = lambda k=kernel: k.time(*inputs)
+        timers[name] = kernel.prepared(*inputs)
     w = WORKLOADS[args.workload]
     if w.torch_fn is not None and torch_available():
-        o = workload_options(args.workload, shape, **opts)
-        timers["torch"] = lambda: time_torch(w.torch_fn, o, inputs).median
-    results = measure_in_turns(timers, rounds=TIMING_ROUNDS, pause_s=TURN_PAUSE_S)
+        torch_fn = torch_callable(w.torch_fn, workload_options(args.workload, shape, **opts), inputs)
+        if torch_fn is not None:
+            timers["torch"] = torch_fn
+    results = time_in_turns(timers, rounds=TIMING_ROUNDS, pause_s=TURN_PAUSE_S)
     base = results["torch"].median if "torch" in results else None
     for name, timing in results.items():
         median, lo, hi = timing.median, min(timing.runs), max(timing.runs)

@@ -19,7 +19,7 @@ import tempfile
 import time
 
 import ansor
-from ansor.baselines import measure_in_turns
+from ansor.baselines import time_in_turns
 from ansor.costmodel.model import XGBModel
 from ansor.search.sketch_policy import SketchPolicy
 from ansor.workloads import make_task
@@ -74,8 +74,8 @@ def main() -> None:
         task = make_task(name, shape, **opts)
         print(label, flush=True)
         built = {v: tune_variant(task, v, o, args.trials, args.seed, db_dir) for v, o in variants}
-        timers = {v: (lambda k=k, x=x: k.time(*x)) for v, (k, x, _) in built.items()}
-        timed = measure_in_turns(timers, rounds=TIMING_ROUNDS, pause_s=TURN_PAUSE_S)
+        timed = time_in_turns({v: k.prepared(*x) for v, (k, x, _) in built.items()},
+                              rounds=TIMING_ROUNDS, pause_s=TURN_PAUSE_S)
         first = variants[0][0]
         row = {"label": label, "trials": args.trials, "flop": task.flop,
                "curves": {v: c for v, (_, _, c) in built.items()}}
