@@ -257,7 +257,11 @@ class _OnnxImporter:
                                   [helper.make_empty_tensor_value_info(o) for o in node.output if o])
         opsets = [o for o in self.model.opset_import if o.domain not in ("", "ai.onnx")]
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset), *opsets])
-        results = ReferenceEvaluator(model).run(None, {i: self.known[i] for i in inputs})
+        try:
+            results = ReferenceEvaluator(model).run(None, {i: self.known[i] for i in inputs})
+        except Exception as exc:  # e.g. an If whose branches read values of the outer graph
+            raise UnsupportedOperatorError(f"ONNX {node.op_type} node {node.name!r}: cannot be evaluated at "
+                                           f"import ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})") from None
         for name, value in zip([o for o in node.output if o], results):
             self.known[name] = np.asarray(value)
 
@@ -330,15 +334,26 @@ def _text(value: Any) -> Any:
 
 # ---------------------------------------------------------------------------- elementwise
 _UNARY = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
-          "Neg": "neg", "Abs": "abs", "Erf": "erf", "HardSwish": "hardswish"}
+          "Neg": "neg", "Abs": "abs", "Erf": "erf", "HardSwish": "hardswish", "Sin": "sin", "Cos": "cos",
+          "Tan": "tan", "Asin": "asin", "Acos": "acos", "Atan": "atan", "Sinh": "sinh", "Cosh": "cosh",
+          "Asinh": "asinh", "Acosh": "acosh", "Atanh": "atanh", "Floor": "floor", "Ceil": "ceil",
+          "Round": "round", "Sign": "sign"}
+#: unary operators defined on floats only (ONNX's type constraint; the graph's kernels agree)
+_FLOAT_ONLY = {"sigmoid", "tanh", "exp", "log", "sqrt", "erf", "hardswish", "sin", "cos", "tan", "asin",
+               "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "floor", "ceil", "round"}
 _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Max": "maximum",
            "Min": "minimum", "Equal": "eq", "Less": "lt", "LessOrEqual": "le", "Greater": "gt",
-           "GreaterOrEqual": "ge", "And": "logical_and", "Or": "logical_or", "Sum": "add"}
+           "GreaterOrEqual": "ge", "And": "logical_and", "Or": "logical_or", "Sum": "add",
+           "Xor": "logical_xor"}
 
 
 @_handles(*_UNARY)
 def _unary(imp: _OnnxImporter, node: Any) -> None:
-    imp.emit(node, _UNARY[node.op_type], [imp.value(node.input[0])])
+    op = _UNARY[node.op_type]
+    dtype = imp.dtype(node.input[0])
+    if op in _FLOAT_ONLY and dtype not in ("float32", "float64"):
+        imp._unsupported(node, f"{dtype} input of")
+    imp.emit(node, op, [imp.value(node.input[0])])
 
 
 @_handles(*_BINARY)
@@ -588,7 +603,8 @@ def _softmax(imp: _OnnxImporter, node: Any) -> None:
     imp.emit(node, "softmax" if node.op_type == "Softmax" else "log_softmax", [imp.value(node.input[0])], axis=axis)
 
 
-@_handles("ReduceMean", "ReduceSum", "ReduceMax", attrs=("axes", "keepdims", "noop_with_empty_axes"))
+@_handles("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
+          attrs=("axes", "keepdims", "noop_with_empty_axes"))
 def _reduce(imp: _OnnxImporter, node: Any) -> None:
     rank = len(imp.shape(node.input[0]))
     if len(node.input) > 1 and node.input[1]:
@@ -600,7 +616,8 @@ def _reduce(imp: _OnnxImporter, node: Any) -> None:
             imp.values[node.output[0]] = imp.value(node.input[0])
             return
         axes = list(range(rank))
-    op = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max"}[node.op_type]
+    op = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min",
+          "ReduceProd": "prod"}[node.op_type]
     imp.emit(node, op, [imp.value(node.input[0])], axes=tuple(sorted(a % rank for a in axes)),
              keepdims=bool(_attr(node, "keepdims", 1)))
 
@@ -724,8 +741,9 @@ def _expand(imp: _OnnxImporter, node: Any) -> None:
 
 @_handles("Pad", attrs=("mode", "pads", "value"))
 def _pad(imp: _OnnxImporter, node: Any) -> None:
-    if _text(_attr(node, "mode", "constant")) != "constant":
-        imp._unsupported(node, "non-constant mode of")
+    mode = _text(_attr(node, "mode", "constant"))
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        imp._unsupported(node, f"mode {mode!r} of")
     rank = len(imp.shape(node.input[0]))
     pads = [int(p) for p in (imp.const(node.input[1], "pads", node) if imp.opset >= 11 else _attr(node, "pads", []))]
     value = float(_attr(node, "value", 0.0)) if imp.opset < 11 else 0.0
@@ -734,10 +752,31 @@ def _pad(imp: _OnnxImporter, node: Any) -> None:
         if given.size != 1:
             imp._unsupported(node, f"pad value of {given.size} elements of")
         value = float(given.reshape(-1)[0])
+    axes = list(range(rank))
     if len(node.input) > 3 and node.input[3]:
-        imp._unsupported(node, "axes input of")
-    pairs = tuple((pads[i], pads[i + rank]) for i in range(rank))
-    imp.emit(node, "pad", [imp.value(node.input[0])], pads=pairs, value=value)
+        axes = [int(a) % rank for a in imp.const(node.input[3], "axes", node)]
+    if len(pads) != 2 * len(axes):
+        imp._unsupported(node, f"{len(pads)} pads for {len(axes)} axes of")
+    pairs = [(0, 0)] * rank
+    for j, a in enumerate(axes):
+        pairs[a] = (pads[j], pads[j + len(axes)])
+    shape = imp.shape(node.input[0])
+    x = imp.value(node.input[0])
+    if any(lo < 0 or hi < 0 for lo, hi in pairs):  # a negative pad crops: slice first
+        for a, (lo, hi) in enumerate(pairs):
+            if lo < 0 or hi < 0:
+                start, end = max(0, -lo), shape[a] - max(0, -hi)
+                if end <= start:
+                    imp._unsupported(node, f"pads that crop axis {a} to nothing of")
+                x = imp.graph.add_node("slice", [x], {"axis": a, "start": start, "end": end, "step": 1})
+        pairs = [(max(0, lo), max(0, hi)) for lo, hi in pairs]
+    if mode != "constant":
+        small = [d for d, (lo, hi) in zip(imp.graph.type_of(x).shape, pairs) if mode == "reflect" and max(lo, hi) >= d]
+        if small:
+            imp._unsupported(node, "reflect padding wider than its axis of")
+        imp.emit(node, "pad_border", [x], pads=tuple(pairs), mode=mode)
+        return
+    imp.emit(node, "pad", [x], pads=tuple(pairs), value=value)
 
 
 @_handles("Split", attrs=("axis", "split", "num_outputs"))
@@ -803,3 +842,178 @@ def _trilu(imp: _OnnxImporter, node: Any) -> None:
     dtype = imp.dtype(node.input[0])
     imp.emit(node, "where", [imp.graph.add_constant(mask), imp.value(node.input[0]),
                              imp.graph.add_constant(np.zeros((), dtype))])
+
+
+# ---------------------------------------------------------------------------- indexing and scans
+@_handles("Mod", attrs=("fmod",))
+def _mod_op(imp: _OnnxImporter, node: Any) -> None:
+    a, b = node.input
+    dtype = imp.dtype(a) if a not in imp.known else imp.dtype(b)
+    imp._check_dtype(node, dtype)
+    fmod = bool(_attr(node, "fmod", 0))
+    if dtype.startswith("float") and not fmod:
+        imp._unsupported(node, "fmod=0 on floats (undefined in ONNX) of")
+    imp.emit(node, "mod", [_operand(imp, node, n, dtype) for n in (a, b)], fmod=fmod)
+
+
+@_handles("ArgMax", "ArgMin", attrs=("axis", "keepdims", "select_last_index"))
+def _arg_reduce(imp: _OnnxImporter, node: Any) -> None:
+    rank = len(imp.shape(node.input[0]))
+    axis = int(_attr(node, "axis", 0))
+    if not -rank <= axis < rank:
+        imp._unsupported(node, f"axis {axis} for rank {rank} of")
+    imp.emit(node, "arg_reduce", [imp.value(node.input[0])], axis=axis % rank,
+             keepdims=bool(_attr(node, "keepdims", 1)), select_last_index=bool(_attr(node, "select_last_index", 0)),
+             largest=node.op_type == "ArgMax")
+
+
+@_handles("GatherElements", attrs=("axis",))
+def _gather_elements(imp: _OnnxImporter, node: Any) -> None:
+    rank = len(imp.shape(node.input[0]))
+    axis = int(_attr(node, "axis", 0))
+    if not -rank <= axis < rank:
+        imp._unsupported(node, f"axis {axis} for rank {rank} of")
+    imp.emit(node, "gather_elements", [imp.value(node.input[0]), imp.value(node.input[1])], axis=axis % rank)
+
+
+@_handles("ScatterElements", "Scatter", attrs=("axis", "reduction"))
+def _scatter_elements(imp: _OnnxImporter, node: Any) -> None:
+    rank = len(imp.shape(node.input[0]))
+    axis = int(_attr(node, "axis", 0))
+    if not -rank <= axis < rank:
+        imp._unsupported(node, f"axis {axis} for rank {rank} of")
+    reduction = _text(_attr(node, "reduction", "none"))
+    if reduction not in ("none", "add", "mul", "max", "min"):
+        imp._unsupported(node, f"reduction {reduction!r} of")
+    dtype = imp.dtype(node.input[0])
+    imp.emit(node, "scatter_elements", [imp.value(node.input[0]), imp.value(node.input[1]),
+                                         _operand(imp, node, node.input[2], dtype)],
+             axis=axis % rank, reduction=reduction)
+
+
+@_handles("ScatterND", attrs=("reduction",))
+def _scatter_nd(imp: _OnnxImporter, node: Any) -> None:
+    reduction = _text(_attr(node, "reduction", "none"))
+    if reduction not in ("none", "add", "mul", "max", "min"):
+        imp._unsupported(node, f"reduction {reduction!r} of")
+    dtype = imp.dtype(node.input[0])
+    imp.emit(node, "scatter_nd", [imp.value(node.input[0]), imp.value(node.input[1]),
+                                   _operand(imp, node, node.input[2], dtype)], reduction=reduction)
+
+
+@_handles("CumSum", attrs=("exclusive", "reverse"))
+def _cumsum(imp: _OnnxImporter, node: Any) -> None:
+    rank = len(imp.shape(node.input[0]))
+    axis = int(np.asarray(imp.const(node.input[1], "axis", node)).reshape(-1)[0])
+    if not -rank <= axis < rank:
+        imp._unsupported(node, f"axis {axis} for rank {rank} of")
+    imp.emit(node, "cumsum", [imp.value(node.input[0])], axis=axis % rank,
+             exclusive=bool(_attr(node, "exclusive", 0)), reverse=bool(_attr(node, "reverse", 0)))
+
+
+@_handles("TopK", attrs=("axis", "largest", "sorted"))
+def _topk(imp: _OnnxImporter, node: Any) -> None:
+    """Values and indices as two graph values (each operator has one output)."""
+    shape = imp.shape(node.input[0])
+    axis = int(_attr(node, "axis", -1))
+    if not -len(shape) <= axis < len(shape):
+        imp._unsupported(node, f"axis {axis} for rank {len(shape)} of")
+    if imp.opset < 10:
+        imp._unsupported(node, "opset-1 form (k as an attribute) of")
+    k = int(np.asarray(imp.const(node.input[1], "k", node)).reshape(-1)[0])
+    if not _attr(node, "sorted", 1):
+        imp._unsupported(node, "unsorted form of")
+    attrs = {"k": k, "axis": axis % len(shape), "largest": bool(_attr(node, "largest", 1))}
+    x = imp.value(node.input[0])
+    for position, indices in ((0, False), (1, True)):
+        if len(node.output) > position and node.output[position]:
+            imp.values[node.output[position]] = imp.graph.add_node(
+                "topk", [x], {**attrs, "indices": indices}, source=f"ONNX TopK {node.name!r}")
+
+
+@_handles("IsInf", attrs=("detect_positive", "detect_negative"))
+def _is_inf(imp: _OnnxImporter, node: Any) -> None:
+    dtype = imp.dtype(node.input[0])
+    if dtype not in ("float32", "float64"):
+        imp._unsupported(node, f"{dtype} input of")
+    x = imp.value(node.input[0])
+    tests = []
+    if _attr(node, "detect_positive", 1):
+        tests.append(imp.graph.add_node("eq", [x, imp.scalar(np.inf, dtype)]))
+    if _attr(node, "detect_negative", 1):
+        tests.append(imp.graph.add_node("eq", [x, imp.scalar(-np.inf, dtype)]))
+    if not tests:
+        imp.emit(node, "ne", [x, x])  # nothing detected: false everywhere... except NaN, so:
+        imp.values[node.output[0]] = imp.graph.add_node("logical_and", [imp.values[node.output[0]],
+                                                                        imp.graph.add_node("eq", [x, x])])
+        return
+    imp.values[node.output[0]] = tests[0] if len(tests) == 1 else imp.graph.add_node("logical_or", tests)
+
+
+@_handles("Size")
+def _size(imp: _OnnxImporter, node: Any) -> None:
+    imp.known[node.output[0]] = np.array(int(np.prod(imp.shape(node.input[0]))), dtype=np.int64)
+
+
+@_handles("Mean")
+def _mean_of_inputs(imp: _OnnxImporter, node: Any) -> None:
+    names = [n for n in node.input if n]
+    dtype = next((imp.dtype(n) for n in names if n not in imp.known), imp.dtype(names[0]))
+    if dtype not in ("float32", "float64"):
+        imp._unsupported(node, f"{dtype} inputs of")
+    total = _operand(imp, node, names[0], dtype)
+    for name in names[1:]:
+        total = imp.graph.add_node("add", [total, _operand(imp, node, name, dtype)])
+    imp.emit(node, "div", [total, imp.scalar(len(names), dtype)])
+
+
+@_handles("GlobalMaxPool")
+def _global_max_pool(imp: _OnnxImporter, node: Any) -> None:
+    rank = len(imp.shape(node.input[0]))
+    imp.emit(node, "max", [imp.value(node.input[0])], axes=tuple(range(2, rank)), keepdims=True)
+
+
+@_handles("Resize", attrs=("mode", "coordinate_transformation_mode", "nearest_mode", "cubic_coeff_a",
+                           "exclude_outside", "extrapolation_value", "antialias", "axes",
+                           "keep_aspect_ratio_policy"))
+def _resize(imp: _OnnxImporter, node: Any) -> None:
+    """ONNX Resize with sizes or scales known at import (see graph/resize.py)."""
+    from ansor.graph.resize import COORDINATE_MODES, NEAREST_MODES
+
+    shape = imp.shape(node.input[0])
+    if imp.opset < 11:
+        imp._unsupported(node, "opset-10 form of")
+    mode = _text(_attr(node, "mode", "nearest"))
+    transform = _text(_attr(node, "coordinate_transformation_mode", "half_pixel"))
+    nearest = _text(_attr(node, "nearest_mode", "round_prefer_floor"))
+    if mode not in ("nearest", "linear", "cubic"):
+        imp._unsupported(node, f"mode {mode!r} of")
+    if transform not in COORDINATE_MODES:
+        imp._unsupported(node, f"coordinate_transformation_mode {transform!r} of")
+    if mode == "nearest" and nearest not in NEAREST_MODES:
+        imp._unsupported(node, f"nearest_mode {nearest!r} of")
+    if _attr(node, "antialias", 0):
+        imp._unsupported(node, "antialias of")
+    if _text(_attr(node, "keep_aspect_ratio_policy", "stretch")) != "stretch":
+        imp._unsupported(node, "keep_aspect_ratio_policy other than stretch of")
+    axes = [int(a) % len(shape) for a in _attr(node, "axes", range(len(shape)))]
+    scales_in = node.input[2] if len(node.input) > 2 else ""
+    sizes_in = node.input[3] if len(node.input) > 3 else ""
+    sizes, scales = list(shape), [1.0] * len(shape)
+    if sizes_in:
+        given = [int(v) for v in imp.const(sizes_in, "sizes", node)]
+        for a, v in zip(axes, given):
+            sizes[a], scales[a] = v, v / shape[a]
+        scales = []  # ONNX: with sizes, each axis's scale is output / input
+    elif scales_in:
+        given = [float(v) for v in imp.const(scales_in, "scales", node)]
+        if not given:
+            imp._unsupported(node, "empty scales and no sizes of")
+        for a, v in zip(axes, given):
+            scales[a], sizes[a] = v, int(np.floor(shape[a] * v))
+    else:
+        imp._unsupported(node, "form without scales or sizes of")
+    imp.emit(node, "resize", [imp.value(node.input[0])], sizes=tuple(sizes), scales=tuple(scales), mode=mode,
+             coordinate_transformation_mode=transform, nearest_mode=nearest,
+             cubic_coeff_a=float(_attr(node, "cubic_coeff_a", -0.75)),
+             exclude_outside=bool(_attr(node, "exclude_outside", 0)))

@@ -87,7 +87,8 @@ def _axis(axis: int, rank: int) -> int:
 # ----------------------------------------------------------------------------- elementwise
 
 UNARY_OPS = ("relu", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "neg", "abs", "erf",
-             "silu", "hardswish", "hardsigmoid")
+             "silu", "hardswish", "hardsigmoid", "sin", "cos", "tan", "asin", "acos", "atan", "sinh",
+             "cosh", "asinh", "acosh", "atanh", "floor", "ceil", "round", "sign")
 BINARY_OPS = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
 COMPARE_OPS = ("eq", "ne", "lt", "le", "gt", "ge")
 
@@ -117,7 +118,7 @@ def _compare(types, attrs):
     return TensorType(_binary(types, attrs).shape, "bool")
 
 
-LOGICAL_OPS = ("logical_and", "logical_or")
+LOGICAL_OPS = ("logical_and", "logical_or", "logical_xor")
 
 
 def _logical(types, attrs):
@@ -155,7 +156,8 @@ def _reduce(types, attrs):
     return TensorType(shape, x.dtype)
 
 
-for _name in ("mean", "sum", "max"):
+REDUCE_OPS = ("mean", "sum", "max", "min", "prod")
+for _name in REDUCE_OPS:
     _register(_name, 1, {"axes": (), "keepdims": False})(_reduce)
 
 
@@ -438,6 +440,95 @@ def _pad(types, attrs):
     shape = tuple(d + lo + hi for d, (lo, hi) in zip(x.shape, pads))
     _check(all(d >= 0 for d in shape), f"pad: negative size {shape}")
     return TensorType(shape, x.dtype)
+
+
+# ----------------------------------------------------------------------------- indexing and scans
+# Operators of the ONNX standard that models use beside the dense ones. Each has a numpy kernel
+# (reference.py); those without a te lowering run as numpy fallback subgraphs.
+
+
+@_register("mod", 2, {"fmod": False})
+def _mod(types, attrs):
+    """Remainder: with `fmod` C's (the dividend's sign), else Python's (the divisor's sign)."""
+    return _binary(types, attrs)
+
+
+@_register("arg_reduce", 1, {"axis": 0, "keepdims": True, "select_last_index": False, "largest": True})
+def _arg_reduce(types, attrs):
+    """The index (int64) of the largest (or smallest) element along `axis`."""
+    x = types[0]
+    axis = _axis(attrs["axis"], len(x.shape))
+    shape = tuple(1 if i == axis else d for i, d in enumerate(x.shape)) if attrs["keepdims"] else \
+        tuple(d for i, d in enumerate(x.shape) if i != axis)
+    return TensorType(shape, "int64")
+
+
+@_register("gather_elements", 2, {"axis": 0})
+def _gather_elements(types, attrs):
+    """out[i...] = x[i... with index[i...] on `axis`]: the output has the index's shape."""
+    x, index = types
+    _axis(attrs["axis"], len(x.shape))
+    _check(len(index.shape) == len(x.shape), f"gather_elements: index rank {len(index.shape)} != {len(x.shape)}")
+    _check(index.dtype in ("int32", "int64"), f"gather_elements: integer index, got {index.dtype}")
+    return TensorType(index.shape, x.dtype)
+
+
+@_register("scatter_elements", 3, {"axis": 0, "reduction": "none"})
+def _scatter_elements(types, attrs):
+    """A copy of x with updates written at index along `axis` (or combined by `reduction`)."""
+    x, index, updates = types
+    _axis(attrs["axis"], len(x.shape))
+    _check(index.shape == updates.shape, "scatter_elements: index and updates differ in shape")
+    _check(updates.dtype == x.dtype, "scatter_elements: updates and data differ in dtype")
+    _check(attrs["reduction"] in ("none", "add", "mul", "max", "min"), f"unknown reduction {attrs['reduction']!r}")
+    return x
+
+
+@_register("scatter_nd", 3, {"reduction": "none"})
+def _scatter_nd(types, attrs):
+    """A copy of x with updates written at the index tuples of index's last axis."""
+    x, index, updates = types
+    k = index.shape[-1] if index.shape else 0
+    _check(1 <= k <= len(x.shape), f"scatter_nd: index tuples of {k} for rank {len(x.shape)}")
+    _check(updates.shape == index.shape[:-1] + x.shape[k:], f"scatter_nd: updates shape {updates.shape}")
+    _check(attrs["reduction"] in ("none", "add", "mul", "max", "min"), f"unknown reduction {attrs['reduction']!r}")
+    return x
+
+
+@_register("cumsum", 1, {"axis": 0, "exclusive": False, "reverse": False})
+def _cumsum(types, attrs):
+    _axis(attrs["axis"], len(types[0].shape))
+    return types[0]
+
+
+@_register("topk", 1, {"k": 1, "axis": -1, "largest": True, "indices": False})
+def _topk(types, attrs):
+    """The k largest (or smallest) along `axis`, sorted, ties to the lower index; with
+    `indices` their positions (int64) rather than their values."""
+    x = types[0]
+    axis = _axis(attrs["axis"], len(x.shape))
+    _check(0 <= attrs["k"] <= x.shape[axis], f"topk: k={attrs['k']} on an axis of {x.shape[axis]}")
+    shape = x.shape[:axis] + (attrs["k"],) + x.shape[axis + 1:]
+    return TensorType(shape, "int64" if attrs["indices"] else x.dtype)
+
+
+@_register("pad_border", 1, {"pads": (), "mode": "reflect"})
+def _pad_border(types, attrs):
+    """Padding with values of the border: "reflect" (mirrored, border excluded), "edge"
+    (the border repeated) or "wrap" (from the other side)."""
+    _check(attrs["mode"] in ("reflect", "edge", "wrap"), f"pad_border: unknown mode {attrs['mode']!r}")
+    return _pad(types, {"pads": attrs["pads"], "value": 0.0})
+
+
+@_register("resize", 1, {"sizes": (), "mode": "nearest", "coordinate_transformation_mode": "half_pixel",
+                         "nearest_mode": "round_prefer_floor", "scales": (), "cubic_coeff_a": -0.75,
+                         "exclude_outside": False, "extrapolation_value": 0.0})
+def _resize(types, attrs):
+    """Resampling to `sizes` as ONNX Resize defines it (modes nearest, linear, cubic)."""
+    x = types[0]
+    _check(len(attrs["sizes"]) == len(x.shape), f"resize: {len(attrs['sizes'])} sizes for rank {len(x.shape)}")
+    _check(attrs["mode"] in ("nearest", "linear", "cubic"), f"resize: unknown mode {attrs['mode']!r}")
+    return TensorType(tuple(int(d) for d in attrs["sizes"]), x.dtype)
 
 
 def infer_type(op: str, types: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:

@@ -39,7 +39,7 @@ from ansor.graph.ops import BINARY_OPS, COMPARE_OPS, LOGICAL_OPS, UNARY_OPS
 
 ANCHOR_OPS = frozenset({
     "conv2d", "linear", "matmul", "scaled_dot_product_attention",
-    "softmax", "log_softmax", "layer_norm", "mean", "sum", "max",
+    "softmax", "log_softmax", "layer_norm", "mean", "sum", "max", "min",
     "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "winograd_input", "winograd_output",
 })
 INJECTIVE_OPS = frozenset({*UNARY_OPS, *BINARY_OPS, *COMPARE_OPS, *LOGICAL_OPS, "logical_not",

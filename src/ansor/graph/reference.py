@@ -48,13 +48,16 @@ _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "silu": lambda x: x / (1 + np.exp(-x)),
     "hardswish": lambda x: x * np.clip(x + 3, 0, 6) / 6,
     "hardsigmoid": lambda x: np.clip(x + 3, 0, 6) / 6,
+    "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan,
+    "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
+    "floor": np.floor, "ceil": np.ceil, "round": np.rint, "sign": np.sign,
 }
 _BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "pow": np.power,
     "maximum": np.maximum, "minimum": np.minimum,
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
     "gt": np.greater, "ge": np.greater_equal,
-    "logical_and": np.logical_and, "logical_or": np.logical_or,
+    "logical_and": np.logical_and, "logical_or": np.logical_or, "logical_xor": np.logical_xor,
 }
 
 
@@ -108,9 +111,9 @@ def _where(xs, a):
     return np.where(*xs)
 
 
-@_kernel("mean", "sum", "max")
+@_kernel("mean", "sum", "max", "min", "prod")
 def _reduce(xs, a):
-    fn = {"mean": np.mean, "sum": np.sum, "max": np.max}
+    fn = {"mean": np.mean, "sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod}
     return fn[a["op"]](xs[0], axis=tuple(a["axes"]), keepdims=a["keepdims"])
 
 
@@ -371,13 +374,119 @@ def _nhwc_args_as_nchw(op: str, args: list[np.ndarray]) -> list[np.ndarray]:
     return out + list(args[len(out):])
 
 
+# ----------------------------------------------------------------------------- indexing and scans
+
+
+@_kernel("mod")
+def _mod(xs, a):
+    x, y = xs
+    if np.issubdtype(x.dtype, np.integer) and np.any(y == 0):
+        raise GraphError("mod: integer division by zero")
+    return np.fmod(x, y) if a["fmod"] else np.mod(x, y)
+
+
+@_kernel("arg_reduce")
+def _arg_reduce(xs, a):
+    x, axis = xs[0], a["axis"] % max(xs[0].ndim, 1)
+    if a["select_last_index"]:  # the last of equal extremes: search the reversed axis
+        flipped = np.flip(x, axis)
+        found = (np.argmax if a["largest"] else np.argmin)(flipped, axis=axis)
+        found = x.shape[axis] - 1 - found
+    else:
+        found = (np.argmax if a["largest"] else np.argmin)(x, axis=axis)
+    return np.expand_dims(found, axis) if a["keepdims"] else found
+
+
+def _checked_index(index: np.ndarray, n: int, what: str) -> np.ndarray:
+    if np.any((index < -n) | (index >= n)):
+        bad = index[(index < -n) | (index >= n)]
+        raise IndexError(f"{what}: indices must lie in [{-n}, {n}), got {bad.min()} .. {bad.max()}")
+    return np.where(index < 0, index + n, index)
+
+
+@_kernel("gather_elements")
+def _gather_elements(xs, a):
+    x, index = xs
+    axis = a["axis"] % x.ndim
+    return np.take_along_axis(x, _checked_index(index, x.shape[axis], "gather_elements"), axis=axis)
+
+
+_SCATTER_COMBINE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+@_kernel("scatter_elements")
+def _scatter_elements(xs, a):
+    x, index, updates = xs
+    axis = a["axis"] % x.ndim
+    index = _checked_index(index, x.shape[axis], "scatter_elements")
+    out = x.copy()
+    grid = list(np.indices(index.shape, sparse=False))
+    grid[axis] = index
+    where = tuple(grid)
+    if a["reduction"] == "none":
+        out[where] = updates
+    else:
+        _SCATTER_COMBINE[a["reduction"]].at(out, where, updates)
+    return out
+
+
+@_kernel("scatter_nd")
+def _scatter_nd(xs, a):
+    x, index, updates = xs
+    k = index.shape[-1]
+    out = x.copy()
+    tuples = index.reshape(-1, k)
+    flat_updates = updates.reshape((tuples.shape[0],) + x.shape[k:])
+    for j, t in enumerate(tuples):  # in order: a later update of one place wins, as ONNX says
+        place = tuple(int(_checked_index(np.asarray(v), x.shape[d], "scatter_nd")) for d, v in enumerate(t))
+        if a["reduction"] == "none":
+            out[place] = flat_updates[j]
+        else:
+            out[place] = _SCATTER_COMBINE[a["reduction"]](out[place], flat_updates[j])
+    return out
+
+
+@_kernel("cumsum")
+def _cumsum(xs, a):
+    x, axis = xs[0], a["axis"] % xs[0].ndim
+    if a["reverse"]:
+        x = np.flip(x, axis)
+    y = np.cumsum(x, axis=axis, dtype=x.dtype)
+    if a["exclusive"]:
+        y = np.concatenate([np.zeros_like(np.take(y, [0], axis=axis)), np.take(y, range(x.shape[axis] - 1), axis=axis)],
+                           axis=axis)
+    return np.flip(y, axis) if a["reverse"] else y
+
+
+@_kernel("topk")
+def _topk(xs, a):
+    x, axis, k = xs[0], a["axis"] % xs[0].ndim, a["k"]
+    keys = -x if a["largest"] else x
+    order = np.argsort(keys, axis=axis, kind="stable")  # stable: equal values keep index order
+    picked = np.take(order, range(k), axis=axis)
+    return picked.astype(np.int64) if a["indices"] else np.take_along_axis(x, picked, axis=axis)
+
+
+@_kernel("pad_border")
+def _pad_border(xs, a):
+    mode = {"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[a["mode"]]
+    return np.pad(xs[0], [tuple(p) for p in a["pads"]], mode=mode)
+
+
+@_kernel("resize")
+def _resize(xs, a):
+    from ansor.graph.resize import resize
+
+    return resize(xs[0], a)
+
+
 def run_node(graph: Graph, node: Node, args: list[np.ndarray]) -> np.ndarray:
     """Evaluate one node on numpy inputs, returning an array of the node's recorded type."""
     if node.op not in KERNELS:
         raise GraphError(f"the reference executor has no kernel for {node.op!r}")
     attrs = dict(node.attrs)
     out_type = graph.types[node.output]
-    if node.op in ("mean", "sum", "max"):
+    if node.op in ("mean", "sum", "max", "min", "prod"):
         attrs["op"] = node.op
     channels_last = attrs.get("layout") == "NHWC"
     if channels_last:  # the kernels are written for NCHW: transpose in and out

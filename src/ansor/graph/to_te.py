@@ -171,6 +171,9 @@ _UNARY: dict[str, Callable[[Node, E.Expr], E.Expr]] = {
     "hardsigmoid": lambda n, x: E.minimum(E.maximum(x + 3.0, 0.0), 6.0) / 6.0,
     "logical_not": lambda n, x: ~x,
     "cast": lambda n, x: E.cast(x, str(np.dtype(n.attrs["dtype"]))),
+    **{f: (lambda fn: lambda n, x: fn(x))(getattr(E, f)) for f in E.ELEMENTARY_FUNCS},
+    "sign": lambda n, x: E.if_then_else(x > 0, E.const(1, x.dtype),
+                                        E.if_then_else(x < 0, E.const(-1, x.dtype), E.const(0, x.dtype))),
 }
 _BINARY: dict[str, Callable[[Node, E.Expr, E.Expr], E.Expr]] = {
     "add": lambda n, a, b: a + b,
@@ -188,6 +191,7 @@ _BINARY: dict[str, Callable[[Node, E.Expr, E.Expr], E.Expr]] = {
     "ge": lambda n, a, b: E.compare(">=", a, b),
     "logical_and": lambda n, a, b: a & b,
     "logical_or": lambda n, a, b: a | b,
+    "logical_xor": lambda n, a, b: E.compare("!=", a, b),
 }
 for _op, _fn in {**_UNARY, **_BINARY}.items():
     LOWERINGS[_op] = _elementwise(_fn)
@@ -402,7 +406,7 @@ def _full_index(out_idx: tuple, axes: set[int], reduce: list, rank: int, keepdim
     return tuple(result)
 
 
-@_lowers("mean", "sum", "max")
+@_lowers("mean", "sum", "max", "min")
 def _reduce(args: list[Value], node: Node, out: TensorType, name: str) -> Tensor:
     x = _tensor(args[0], node, "input")
     axes = {a % x.ndim for a in node.attrs["axes"]}
@@ -416,6 +420,8 @@ def _reduce(args: list[Value], node: Node, out: TensorType, name: str) -> Tensor
         v = x[_full_index(i, axes, red, x.ndim, keep)]
         if node.op == "max":
             return E.max(v, axis=red)
+        if node.op == "min":
+            return E.min(v, axis=red)
         return E.sum(v * (1.0 / count) if node.op == "mean" else v, axis=red)
 
     return te.compute(out.shape, body, name=name, tag=f"reduce_{node.op}")
