@@ -116,9 +116,29 @@ def test_mobilenet_v2_through_onnx():
 
 
 def test_an_operator_outside_the_set_is_named():
-    class Cumulative(nn.Module):
+    class Determinant(nn.Module):
         def forward(self, x):
-            return torch.cumsum(x, dim=1)
+            return torch.linalg.det(x)
 
-    with pytest.raises(UnsupportedOperatorError, match="CumSum"):
-        from_onnx(export(Cumulative(), torch.randn(2, 5)))
+    with pytest.raises(UnsupportedOperatorError, match="Det"):
+        from_onnx(export(Determinant(), torch.randn(2, 3, 3)))
+
+
+def test_scans_gathers_and_resampling_match_pytorch():
+    """CumSum, GatherElements, TopK and Resize, exported by PyTorch, against PyTorch."""
+    from ansor.graph.compiled import build_model
+
+    class Mixed(nn.Module):
+        def forward(self, x, idx):
+            values, where = torch.topk(x, 3, dim=-1)
+            up = nn.functional.interpolate(x[None, None], scale_factor=2.0, mode="bilinear", align_corners=False)
+            return torch.cumsum(x, dim=1), torch.gather(x, 1, idx), values, where, up
+
+    x = torch.randn(4, 6)
+    idx = torch.randint(0, 6, (4, 5))
+    graph = from_onnx(export(Mixed(), x, idx))
+    expected = Mixed()(x, idx)
+    for run in (lambda *a: run_graph(graph, list(a)), build_model(graph, None, verbose=False)):
+        got = run(x.numpy(), idx.numpy())
+        for g, e in zip(got, expected):
+            np.testing.assert_allclose(np.asarray(g), e.numpy(), rtol=1e-5, atol=1e-5)

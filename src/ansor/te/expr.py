@@ -472,16 +472,75 @@ ELEMENTARY_FUNCS = ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
                     "atanh", "floor", "ceil", "round")
 
 
-def _elementary(name: str) -> Callable[[ExprLike], Expr]:
-    def fn(x: ExprLike) -> Expr:
-        return _float_call(name, x)
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = f"The libm function {name} of x, elementwise. Float only; x's dtype."
-    return fn
+def sin(x: ExprLike) -> Expr:
+    """The sine of x (radians). Float only; x's dtype."""
+    return _float_call("sin", x)
 
 
-sin, cos, tan, asin, acos, atan, sinh, cosh, asinh, acosh, atanh, floor, ceil, round = (  # noqa: A001
-    _elementary(name) for name in ELEMENTARY_FUNCS)
+def cos(x: ExprLike) -> Expr:
+    """The cosine of x (radians). Float only; x's dtype."""
+    return _float_call("cos", x)
+
+
+def tan(x: ExprLike) -> Expr:
+    """The tangent of x (radians). Float only; x's dtype."""
+    return _float_call("tan", x)
+
+
+def asin(x: ExprLike) -> Expr:
+    """The arcsine of x (nan outside [-1, 1]). Float only; x's dtype."""
+    return _float_call("asin", x)
+
+
+def acos(x: ExprLike) -> Expr:
+    """The arccosine of x (nan outside [-1, 1]). Float only; x's dtype."""
+    return _float_call("acos", x)
+
+
+def atan(x: ExprLike) -> Expr:
+    """The arctangent of x. Float only; x's dtype."""
+    return _float_call("atan", x)
+
+
+def sinh(x: ExprLike) -> Expr:
+    """The hyperbolic sine of x. Float only; x's dtype."""
+    return _float_call("sinh", x)
+
+
+def cosh(x: ExprLike) -> Expr:
+    """The hyperbolic cosine of x. Float only; x's dtype."""
+    return _float_call("cosh", x)
+
+
+def asinh(x: ExprLike) -> Expr:
+    """The inverse hyperbolic sine of x. Float only; x's dtype."""
+    return _float_call("asinh", x)
+
+
+def acosh(x: ExprLike) -> Expr:
+    """The inverse hyperbolic cosine of x (nan below 1). Float only; x's dtype."""
+    return _float_call("acosh", x)
+
+
+def atanh(x: ExprLike) -> Expr:
+    """The inverse hyperbolic tangent of x (nan outside [-1, 1]). Float only; x's dtype."""
+    return _float_call("atanh", x)
+
+
+def floor(x: ExprLike) -> Expr:
+    """The largest integer not above x, as x's dtype. Float only; x's dtype."""
+    return _float_call("floor", x)
+
+
+def ceil(x: ExprLike) -> Expr:
+    """The smallest integer not below x, as x's dtype. Float only; x's dtype."""
+    return _float_call("ceil", x)
+
+
+def round(x: ExprLike) -> Expr:  # noqa: A001 - mirrors the math name users expect
+    """x rounded to the nearest integer, halves to even (as ONNX and numpy round), as x's dtype. Float only; x's dtype."""
+    return _float_call("round", x)
+
 
 MATH_FUNCS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "pow") + ELEMENTARY_FUNCS
 
