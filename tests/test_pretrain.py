@@ -61,7 +61,7 @@ def test_collect_resumes_with_nothing_missing(corpus):
 
 def test_held_out_scores_rank_each_workload_with_a_model_of_the_other(corpus):
     path, tasks, _ = corpus
-    data, _ = load_corpus([path])
+    data, _ = _corpus(path)
     scores = held_out_scores(data, folds=2, seed=0, log=lambda line: None, min_programs=4)
     assert {row["workload"] for row in scores["workloads"]} == {t.workload_key for t in tasks}
     for side in ("pretrained", "own_records"):
@@ -80,7 +80,7 @@ def test_train_then_score_a_model_file(corpus, tmp_path, capsys):
     assert 0 < info["rounds"] <= 40
 
     model = XGBModel.load(model_path)
-    data, _ = load_corpus([path])
+    data, _ = _corpus(path)
     usable = np.flatnonzero(usable_programs(data))
     pred = model.predict([data.features[i] for i in usable])
     assert pred.shape == (usable.size,) and np.isfinite(pred).all() and np.ptp(pred) > 0
@@ -99,3 +99,9 @@ def test_train_refuses_a_database_without_records(tmp_path, capsys):
     open_store(str(empty))[0].close()
     assert main(["pretrain", "train", "--databases", str(empty), "--folds", "1"]) == 2
     assert "holds no records" in capsys.readouterr().err
+
+
+def _corpus(path):
+    store, _ = open_store(path, create=False)
+    with store:
+        return load_corpus([store])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import ExitStack
 from typing import Any, Callable
 
 from ansor.pretrain.corpus import DEFAULT_MODELS
@@ -72,31 +73,34 @@ def add_pretrain_parser(sub: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def run_pretrain(args: argparse.Namespace, progress: Callable[..., Any] | None = None) -> int:
-    """Run the step `args` names; returns the exit status. `progress(total=trials)` makes a
+def run_pretrain(args: argparse.Namespace, open_store: Callable[..., Any],
+                 progress: Callable[..., Any] | None = None) -> int:
+    """Run the step `args` names; returns the exit status. `open_store(path, create=...)` opens
+    a record store (the command line's, which owns storage); `progress(total=trials)` makes a
     progress display (a `TuningCallback`) for the tuning jobs of `collect`, unless --quiet."""
     if args.pretrain_command == "collect":
-        return _collect(args, progress)
-    if args.pretrain_command == "train":
-        from ansor.pretrain.train import train
+        return _collect(args, open_store, progress)
+    if args.pretrain_command == "train" and (args.folds < 1 or args.rounds < 1):
+        raise ValueError("--folds and --rounds must be at least 1")
+    with ExitStack() as stack:
+        stores = [stack.enter_context(open_store(path, create=False)[0]) for path in args.databases]
+        if args.pretrain_command == "train":
+            from ansor.pretrain.train import train
 
-        if args.folds < 1 or args.rounds < 1:
-            raise ValueError("--folds and --rounds must be at least 1")
-        train(args.databases, args.target, folds=args.folds, seed=args.seed, rounds=args.rounds,
-              continue_shipped=args.continue_shipped, install=args.install, output=args.output,
-              json_path=args.json)
-        return 0
-    from ansor.pretrain.score import score
+            train(stores, args.target, folds=args.folds, seed=args.seed, rounds=args.rounds,
+                  continue_shipped=args.continue_shipped, install=args.install, output=args.output,
+                  json_path=args.json)
+            return 0
+        from ansor.pretrain.score import score
 
-    score(args.databases, args.models or (), args.target)
+        score(stores, args.models or (), args.target)
     return 0
 
 
-def _collect(args: argparse.Namespace, progress: Callable[..., Any] | None) -> int:
+def _collect(args: argparse.Namespace, open_store: Callable[..., Any], progress: Callable[..., Any] | None) -> int:
     from ansor.interrupts import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, terminate_as_interrupt
     from ansor.pretrain.collect import collect
     from ansor.pretrain.corpus import corpus_tasks
-    from ansor.store import open_store
 
     if args.trials < 1 or args.random < 0:
         raise ValueError("--trials must be at least 1 and --random at least 0")

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ansor.store import open_store
+from ansor.records import RecordStore
 from ansor.task import Task
 from ansor.tuning.dataset import Dataset, load_dataset
 from ansor.workloads import make_task
@@ -105,26 +105,24 @@ def corpus_tasks(models: Sequence[str] = DEFAULT_MODELS, random_count: int = 40,
     return tasks + [make_task(name, shape, **opts) for name, shape, opts in random_workloads(random_count, seed)]
 
 
-def load_corpus(paths: Sequence[str], target_key: str | None = None) -> tuple[Dataset, str]:
-    """All programs of one target in the databases as one data set (programs keep their
-    workload key as group), and that target's key: `target_key`, else the first database's
-    first target. The databases are opened read-only.
+def load_corpus(stores: Sequence[RecordStore], target_key: str | None = None) -> tuple[Dataset, str]:
+    """All programs of one target in the record stores as one data set (programs keep their
+    workload key as group), and that target's key: `target_key`, else the first store's first
+    target.
 
     Raises:
-        ValueError: No database was given, or the first one holds no target.
+        ValueError: No store was given, or the first one holds no target.
     """
-    if not paths:
+    if not stores:
         raise ValueError("give at least one database")
     data = Dataset()
-    for path in paths:
-        store, _ = open_store(path, create=False)
-        with store:
-            if target_key is None:
-                keys = store.target_keys()
-                if not keys:
-                    raise ValueError(f"{path} holds no records")
-                target_key = keys[0]
-            part = load_dataset(store, target_key)
+    for store in stores:
+        if target_key is None:
+            keys = store.target_keys()
+            if not keys:
+                raise ValueError(f"{store.path} holds no records")
+            target_key = keys[0]
+        part = load_dataset(store, target_key)
         data.features += part.features
         data.costs += part.costs
         data.groups += part.groups

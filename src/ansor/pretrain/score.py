@@ -11,11 +11,11 @@ import numpy as np
 from ansor.costmodel.metrics import NOISE_MARGIN, pairwise_accuracy
 from ansor.costmodel.model import XGBModel, normalized_throughputs
 from ansor.pretrain.corpus import load_corpus, usable_programs
-from ansor.store import open_store
+from ansor.records import RecordStore
 from ansor.workloads import workload_label
 
 
-def score(databases: Sequence[str], models: Sequence[str] = (), target_key: str | None = None,
+def score(databases: Sequence[RecordStore], models: Sequence[str] = (), target_key: str | None = None,
           log: Callable[[str], None] = print) -> dict[str, dict[str, float]]:
     """Rank the usable programs of the databases with each model file (default: the shipped
     model); returns, per model file, the pairwise accuracy overall ("all") and per workload
@@ -33,11 +33,8 @@ def score(databases: Sequence[str], models: Sequence[str] = (), target_key: str 
     truth = normalized_throughputs(data.costs, data.groups)[usable]
     groups = np.array([data.groups[i] for i in usable])
     labels: dict[str, str] = {}
-    for path in databases:
-        store, _ = open_store(path, create=False)
-        with store:
-            labels |= {k: workload_label((store.workload(k) or {}).get("description"))
-                       for k in store.workload_keys()}
+    for store in databases:
+        labels |= {k: workload_label((store.workload(k) or {}).get("description")) for k in store.workload_keys()}
     log(f"{usable.size} programs of {len(set(groups))} workloads on {target}")
     margin = f"{round(100 * NOISE_MARGIN)}%"
     results: dict[str, dict[str, float]] = {}

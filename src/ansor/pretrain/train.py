@@ -24,6 +24,7 @@ import numpy as np
 from ansor.costmodel.metrics import NOISE_MARGIN, pairwise_accuracy, topk_recall
 from ansor.costmodel.model import XGBModel, normalized_throughputs
 from ansor.pretrain.corpus import load_corpus, usable_programs
+from ansor.records import RecordStore
 from ansor.target import Target
 from ansor.tuning.dataset import Dataset
 
@@ -124,7 +125,7 @@ def machine() -> str:
     return f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')})"
 
 
-def train(databases: Sequence[str], target_key: str | None = None, folds: int = 5, seed: int = 0,
+def train(databases: Sequence[RecordStore], target_key: str | None = None, folds: int = 5, seed: int = 0,
           rounds: int = PRETRAIN_ROUNDS, continue_shipped: bool = False, install: bool = False,
           output: str | None = None, json_path: str | None = None,
           log: Callable[[str], None] = print) -> tuple[XGBModel, dict[str, Any]]:
@@ -132,7 +133,7 @@ def train(databases: Sequence[str], target_key: str | None = None, folds: int = 
     program of the databases, and write it where asked; returns the model and its provenance.
 
     Args:
-        databases: Databases of measured corpus programs (read-only).
+        databases: Record stores of measured corpus programs (only read).
         target_key: The target whose records are used (default: the first database's first).
         folds: Workload folds of the held-out scores; 1 for none.
         seed: Seed of the folds, the test halves and the models.
@@ -175,7 +176,7 @@ def train(databases: Sequence[str], target_key: str | None = None, folds: int = 
     info: dict[str, Any] = {
         "commit": commit(), "date": datetime.date.today().isoformat(), "machine": machine(),
         "target": target, "workloads": n_workloads, "programs": int(usable.size),
-        "databases": [Path(p).name for p in databases], "params": PRETRAIN_PARAMS,
+        "databases": [Path(str(store.path)).name for store in databases], "params": PRETRAIN_PARAMS,
         "rounds": model.last_fit_info.get("rounds"), "held_out_scores": scores}
     if earlier is not None:
         info["continued_from"] = earlier
