@@ -6,7 +6,7 @@ format); beside it a provenance file says what it was trained on (commit, machin
 of workloads and programs), how it ranked programs of workloads left out of its training, and
 the model's fingerprint (`ansor.costmodel.fingerprint`). A model whose fingerprint does not
 match under the installed xgboost and feature extractor is not used: a wrong ranking is worse
-than none. `benchmarks/pretrain.py` builds both files from databases of measured programs;
+than none. `ansor pretrain` (the `ansor.pretrain` package) builds both files from databases of measured programs;
 `python -m ansor.costmodel.pretrained --write-fingerprint` rewrites the fingerprint of the
 model file as it is (after a deliberate upgrade of xgboost, checked some other way).
 """
