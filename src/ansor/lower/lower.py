@@ -63,9 +63,22 @@ def inferred_extents(state: State) -> dict[str, list[int]]:
 
 
 def schedule_text(state: State) -> str:
-    """The readable loop nest with the extents that really run."""
-    extents = inferred_extents(state) if state.concrete else None
-    return state_to_str(state, extents=extents)
+    """The readable loop nest with the extents that really run, each statement's axes bound to
+    the values lowering gives them (a stage computed inside another loop starts where its tile
+    does)."""
+    if not state.concrete:
+        return state_to_str(state)
+    low = _Lowerer(state, "kernel")
+    low.run()
+    extents, values = {}, {}
+    for L in low.info.values():
+        if L.stage.is_placeholder:
+            continue
+        if L.loop_extents:
+            extents[L.stage.name] = list(L.loop_extents)
+        axes = [*L.stage.op.axes, *L.stage.op.reduce_axes]
+        values[L.stage.name] = (L.loop_vars, {a.name: L.axis_values[id(a)] for a in axes if id(a) in L.axis_values})
+    return state_to_str(state, extents=extents, axis_values=values)
 
 
 class _Lowerer:
