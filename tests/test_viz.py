@@ -8,8 +8,10 @@ numbers here (never timed), so no assertion depends on the machine's speed.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
+import re
 import xml.etree.ElementTree as ElementTree
 
 import matplotlib.image
@@ -17,13 +19,15 @@ import pytest
 
 import ansor
 from ansor.cli import main
+from ansor.lower.lower import schedule_text
 from ansor.store import Database
 from ansor.search.annotate_gpu import annotate_program
 from ansor.search.sketch_policy import SketchPolicy
 from ansor.target import Target
 from ansor.viz import MachinePeaks, Roofline, visualize
 from ansor.viz import machine as machine_module
-from ansor.viz.machine import CacheLevel, cpu_caches, cpu_model, machine_key, machine_peaks, measure_peaks
+from ansor.viz.machine import (CacheLevel, check_peaks, cpu_caches, cpu_model, machine_key, machine_peaks,
+                               measure_peaks)
 from ansor.workloads import WORKLOADS, make_task
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -169,20 +173,107 @@ def test_peaks_are_measured_once_and_cached(tmp_path, monkeypatch):
     path = tmp_path / "machine.json"
     measured = []
 
-    def tiny(target):
+    def counted(target):
         measured.append(target)
-        return measure_peaks(target, seconds=0.01, stream_bytes=1 << 20)
+        return fake_peaks(target)
 
-    monkeypatch.setattr(machine_module, "measure_peaks", tiny)
+    monkeypatch.setattr(machine_module, "measure_peaks", counted)
     first = machine_peaks(target, path=path)
-    assert len(measured) == 1 and path.exists()
-    assert first.peak_gflops["float32"] > 0 and first.peak_gflops["float64"] > 0 and first.bandwidth_gbs > 0
+    assert len(measured) == 1 and path.exists() and first == fake_peaks(target)
     assert first.key == machine_key(cpu_model(), target.isa, target.num_cores)
     again = machine_peaks(target, path=path)
     assert len(measured) == 1 and again == first  # read back, not measured again
     path.write_text("not json")
     machine_peaks(target, path=path)
     assert len(measured) == 2  # a damaged file is measured over
+
+
+def test_peak_kernels_run_and_give_rates(tmp_path):
+    """A tiny real measurement: every rate is a positive number (how high depends on the load)."""
+    peaks = measure_peaks(Target.host(), seconds=0.01, stream_bytes=1 << 20)
+    assert set(peaks.peak_gflops) == {"float32", "float64"}
+    rates = [*peaks.peak_gflops.values(), peaks.bandwidth_gbs, *(gbs for _, gbs in peaks.cache_bandwidth.values())]
+    assert all(math.isfinite(r) and r > 0 for r in rates), peaks
+
+
+def plausible(target: Target, **changes) -> MachinePeaks:
+    """Peaks of a 2-core machine that pass every check, with `changes` applied."""
+    fields = {"peak_gflops": {"float32": 300.0, "float64": 150.0}, "bandwidth_gbs": 25.0,
+              "cache_bandwidth": {"L2": (4 << 20, 140.0), "L3": (32 << 20, 60.0)}, **changes}
+    return MachinePeaks(cpu_model(), target.isa, 2, **fields)
+
+
+@pytest.mark.parametrize("changes,reason", [
+    ({"peak_gflops": {"float32": 0.0, "float64": 150.0}}, "float32 peak 0"),
+    ({"peak_gflops": {}}, "no peak"),
+    ({"peak_gflops": {"float32": 0.4, "float64": 0.2}}, "below 1"),  # 0.5 GFLOP/s a core at least
+    ({"peak_gflops": {"float32": 300.0, "float64": 1.5}}, "disagree"),
+    ({"bandwidth_gbs": 0.0}, "memory bandwidth 0"),
+    ({"cache_bandwidth": {"L2": (4 << 20, 0.131), "L3": (32 << 20, 60.0)}}, "L2 bandwidth 0.131"),
+    ({"cache_bandwidth": {"L2": (4 << 20, 20.0), "L3": (32 << 20, 60.0)}}, "below L3's 60"),
+    ({"cache_bandwidth": {"L2": (4 << 20, 140.0), "L3": (32 << 20, 5.0)}}, "below memory's 25"),
+    ({"bandwidth_gbs": float("nan")}, "memory bandwidth nan"),
+])
+def test_implausible_peaks_are_rejected(changes, reason):
+    target = Target.host()
+    assert check_peaks(plausible(target)) == []
+    problems = check_peaks(plausible(target, **changes))
+    assert any(reason in p for p in problems), problems
+
+
+def test_a_peak_below_what_a_kernel_reached_is_rejected():
+    peaks = plausible(Target.host())
+    assert check_peaks(peaks, {"float32": 299.0}) == []
+    assert any("below the 500 a kernel reached" in p for p in check_peaks(peaks, {"float32": 500.0}))
+    assert check_peaks(peaks, {"float16": 500.0}) == []  # no peak of that type: nothing to compare
+
+
+def test_implausible_measurements_are_not_saved(tmp_path, monkeypatch):
+    target = Target.host()
+    path = tmp_path / "machine.json"
+    busy = plausible(target, peak_gflops={"float32": 0.0, "float64": 0.0})
+    measured = []
+    monkeypatch.setattr(machine_module, "measure_peaks", lambda t: measured.append(t) or busy)
+    warned = []
+    assert machine_peaks(target, path=path, on_warning=warned.append) is None
+    assert len(measured) == 2  # measured again once before giving up
+    assert not path.exists()
+    assert len(warned) == 1 and "\n" not in warned[0] and "not saved" in warned[0]
+    with pytest.warns(RuntimeWarning, match="implausibly"):  # the default warning
+        assert machine_peaks(target, path=path) is None
+
+
+def test_saved_implausible_peaks_are_measured_over(tmp_path, monkeypatch):
+    target = Target.host()
+    path = tmp_path / "machine.json"
+    good = plausible(target)
+    monkeypatch.setattr(machine_module, "measure_peaks",
+                        lambda t: plausible(t, cache_bandwidth={"L2": (4 << 20, 0.131)}))
+    assert machine_peaks(target, path=path, on_warning=lambda m: None) is None
+    # a file written before the checks existed: its wrong entry is measured over and replaced
+    machine_module._write_peaks(path, {good.key: plausible(target, bandwidth_gbs=0.0).to_dict()})
+    monkeypatch.setattr(machine_module, "measure_peaks", lambda t: good)
+    warned = []
+    assert machine_peaks(target, path=path, on_warning=warned.append) == good
+    assert len(warned) == 1 and "implausible" in warned[0]
+    assert machine_peaks(target, path=path) == good
+    # saved peaks below what this kernel reached are measured again
+    faster = plausible(target, peak_gflops={"float32": 900.0, "float64": 450.0})
+    monkeypatch.setattr(machine_module, "measure_peaks", lambda t: faster)
+    assert machine_peaks(target, path=path, achieved_gflops={"float32": 400.0},
+                         on_warning=lambda m: None) == faster
+
+
+def test_remeasured_peaks_replace_the_saved_ones(tmp_path, monkeypatch):
+    target = Target.host()
+    path = tmp_path / "machine.json"
+    high, low = plausible(target), plausible(target, peak_gflops={"float32": 200.0, "float64": 100.0})
+    monkeypatch.setattr(machine_module, "measure_peaks", lambda t: high)
+    machine_peaks(target, path=path)
+    monkeypatch.setattr(machine_module, "measure_peaks", lambda t: low)
+    assert machine_peaks(target, path=path, refresh=True) == high  # refresh keeps the best of both
+    assert machine_peaks(target, path=path, refresh=True, replace=True) == low
+    assert machine_peaks(target, path=path) == low
 
 
 def test_cache_sizes_are_read_or_assumed(tmp_path, monkeypatch):
@@ -244,13 +335,41 @@ def test_cli_viz_and_the_python_inputs(tuned_db, tmp_path, capsys):
     task = make_task("matmul", (32, 32, 32))
     with Database(tuned_db, create=False) as db:
         record = db.best(task.workload_key, task.target.key)[0]
-    from_record = visualize(record, database=tuned_db)  # the task rebuilt from the database
+    from_record = ansor.visualize(record, database=tuned_db)  # the task rebuilt from the database (a path)
     assert from_record.roofline.gflops == pytest.approx(task.flop / record.median_cost / 1e9)
     assert from_record.roofline.fraction is not None and math.isfinite(from_record.roofline.fraction)
     kernel = ansor.build(task, database=tuned_db)
     from_kernel = visualize(kernel, path=str(tmp_path / "k.svg"))
     assert from_kernel.record == kernel.record and from_kernel.text.splitlines()[0] == from_record.text.splitlines()[0]
     check_svg(tmp_path / "k.svg")
+
+
+def test_cli_viz_remeasure_replaces_the_saved_peaks(tuned_db, monkeypatch, capsys):
+    assert main(["viz", "matmul", "--shape", "32,32,32", "--database", tuned_db]) == 0
+    assert machine_peaks(Target.host()).bandwidth_gbs == 20.0
+    monkeypatch.setattr(machine_module, "measure_peaks", lambda t: MachinePeaks(
+        cpu_model(), t.isa, t.num_cores, {"float32": 150.0, "float64": 75.0}, 15.0))
+    assert main(["viz", "matmul", "--shape", "32,32,32", "--database", tuned_db]) == 0
+    assert machine_peaks(Target.host()).bandwidth_gbs == 20.0  # read back, not measured
+    capsys.readouterr()
+    assert main(["viz", "matmul", "--shape", "32,32,32", "--database", tuned_db, "--remeasure"]) == 0
+    assert "measuring this machine's peak" in capsys.readouterr().err
+    assert machine_peaks(Target.host()).bandwidth_gbs == 15.0  # replaced, although lower
+
+
+def test_a_kernel_above_its_bound_says_the_bound_is_suspect(tmp_path):
+    roof = Roofline(flop=1e9, bytes=1e6, peak_gflops=0.01, bandwidth_gbs=0.131, gflops=305.4)
+    assert roof.fraction > 1 and roof.suspect and "the bound is suspect" in roof.share_text()
+    assert not Roofline(flop=1e9, bytes=1e6, peak_gflops=100.0, bandwidth_gbs=10.0, gflops=50.0).suspect
+    task = make_task("matmul", (16, 16, 16))
+    kernel = ansor.build(task, database=str(tmp_path / "none.db"), quick_trials=0)  # timed here
+    tiny = MachinePeaks(cpu_model(), task.target.isa, task.target.num_cores, {"float32": 1e-6, "float64": 1e-6}, 1e-6)
+    view = visualize(kernel, peaks=tiny, path=str(tmp_path / "suspect.svg"))
+    assert view.roofline.suspect
+    shares = [line for line in view.text.splitlines() if "of its bound" in line]
+    assert shares and all("suspect" in line for line in shares), shares
+    assert "--remeasure" in view.text
+    assert "the bound is suspect" in (tmp_path / "suspect.svg").read_text()
 
 
 def test_cli_viz_without_a_record_says_to_tune(tmp_path, capsys):
@@ -260,3 +379,140 @@ def test_cli_viz_without_a_record_says_to_tune(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no record of matmul" in err and "ansor tune matmul --shape 8,8,8" in err
     assert main(["viz", "matmul", "--shape", "8,8,8", "--database", db, "-o", "x.jpg"]) == 2
+
+
+# --- the loop nest a view prints (kernel.schedule, `ansor sample`, `ansor sketches`) ------------
+
+LOOP_LINE = re.compile(r"^(\s*)(?:for|parallel|vectorize|unroll|bind\([\w.]+\)) (\S+) in range\((\d+|\?)")
+NAME = re.compile(r"(?<![\w.@])[A-Za-z_][\w.@]*")
+
+
+def _binding(line: str) -> list[tuple[str, str]] | None:
+    """`i = i.0 * 32 + i.1; k = k.0` as (name, value) pairs; None for any other line."""
+    parts = [part.split(" = ", 1) for part in line.strip().split("; ")]
+    if all(len(p) == 2 and re.fullmatch(r"[\w.@]+", p[0]) for p in parts):
+        return [(p[0], p[1]) for p in parts]
+    return None
+
+
+def _index_names(statement: str) -> list[str]:
+    """Variables used inside the brackets of a statement (tensor and function names left out)."""
+    out = []
+    for m in NAME.finditer(statement):
+        depth = statement[:m.start()].count("[") - statement[:m.start()].count("]")
+        if depth > 0 and statement[m.end():m.end() + 1] not in ("[", "("):
+            out.append(m.group())
+    return out
+
+
+def nest_statements(text: str):
+    """Each statement of a printed nest with the loops around it ((name, extent) outer first)
+    and the bindings printed right above it."""
+    loops: list[tuple[int, str, str]] = []
+    bindings: list[tuple[str, str]] = []
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("placeholder:") or line.lstrip().startswith("#"):
+            continue
+        indent = len(line) - len(line.lstrip())
+        while loops and loops[-1][0] >= indent:
+            loops.pop()
+        m = LOOP_LINE.match(line)
+        if m:
+            loops.append((indent, m.group(2), m.group(3)))
+            bindings = []
+        elif _binding(line) is not None:
+            bindings = _binding(line)
+        else:
+            yield [(name, extent) for _, name, extent in loops], bindings, line.strip()
+            bindings = []
+
+
+def unbound_variables(text: str) -> list[str]:
+    """Variables a statement's indices (or a binding above it) use that no enclosing printed
+    loop binds and no binding names."""
+    problems = []
+    for loops, bindings, statement in nest_statements(text):
+        bound = {name for name, _ in loops}
+        for name, value in bindings:
+            problems += [f"{v} (in {name} = {value})" for v in NAME.findall(value) if v not in bound]
+        bound |= {name for name, _ in bindings}
+        problems += [f"{v} (in {statement})" for v in _index_names(statement) if v not in bound]
+    return problems
+
+
+def test_the_nest_checker_finds_an_unbound_variable():
+    assert unbound_variables("for i.0 in range(4):\n  for i.1 in range(8):\n    C[i] = A[i]") == \
+        ["i (in C[i] = A[i])", "i (in C[i] = A[i])"]
+    assert unbound_variables("for i.0 in range(4):\n  i = i.0 * 8 + i.1\n  C[i] = A[i]") == ["i.1 (in i = i.0 * 8 + i.1)"]
+    assert unbound_variables("for i.0 in range(4):\n  for i.1 in range(8):\n    i = i.0 * 8 + i.1\n"
+                             "    C[i] = exp(A[i])") == []
+
+
+def _written_indices(statement: str) -> list[str]:
+    """The index expressions of the element a statement writes (`C[i, j * 2] = ...`)."""
+    depth, parts, current = 0, [], ""
+    for ch in statement[statement.index("[") + 1:]:
+        if depth == 0 and ch in ",]":
+            parts.append(current.strip())
+            if ch == "]":
+                return parts
+            current = ""
+            continue
+        depth += {"[": 1, "(": 1, "]": -1, ")": -1}.get(ch, 0)
+        current += ch
+    raise ValueError(statement)
+
+
+def visited_points(state, text: str):
+    """Per statement: its stage's op, and the (spatial..., reduce...) point of every iteration,
+    evaluating the printed nest: the indices it writes, and its reduction axes from the loops
+    and bindings (points out of the domain are the ones guards skip)."""
+    for loops, bindings, statement in nest_statements(text):
+        op = state.stages[state.stage_id(statement.split("[", 1)[0])].op
+        safe = {name: f"v{k}" for k, (name, _) in enumerate(loops)}
+        safe.update({name: f"b{k}" for k, (name, _) in enumerate(bindings)})
+        used = set(NAME.findall(statement))
+        if not all(a.name in safe and a.name in used for a in op.reduce_axes):
+            continue  # a reduction axis written into the statement (named like a loop around it)
+
+        def compiled(expr: str):
+            return compile(NAME.sub(lambda m: safe[m.group()], expr), "<printed>", "eval")
+
+        code = [(safe[name], compiled(value)) for name, value in bindings]
+        point = [compiled(i) for i in _written_indices(statement)] + [compiled(a.name) for a in op.reduce_axes]
+        points = []
+        for values in itertools.product(*(range(int(extent)) for _, extent in loops)):
+            env = {safe[name]: v for (name, _), v in zip(loops, values)}
+            for name, expr in code:
+                env[name] = eval(expr, {}, env)  # noqa: S307 - index arithmetic the printer wrote
+            points.append(tuple(eval(c, {}, env) for c in point))  # noqa: S307
+        yield op, points
+
+
+NEST_CASES = {"matmul": ((16, 16, 16), {}), "conv2d": ((1, 4, 8, 8, 8, 3, 3), {"padding": 1}),
+              "softmax": ((8, 32), {})}
+
+
+@pytest.mark.parametrize("name", sorted(NEST_CASES))
+def test_printed_nests_bind_every_variable_they_use(name):
+    shape, opts = NEST_CASES[name]
+    task = make_task(name, shape, **opts)
+    policy = SketchPolicy(task, seed=3)
+    for sketch in policy.sketches:  # `ansor sketches`: undecided lengths, values read off the steps
+        assert unbound_variables(str(sketch.state)) == [], str(sketch.state)
+    output = task.outputs[0].name
+    for state in policy.sample(6):
+        for text in (schedule_text(state), str(state)):  # kernel.schedule / `ansor sample`; str(state)
+            assert unbound_variables(text) == [], text
+        # the bindings are the values the program computes with: each statement visits every
+        # point of its domain, and the output's statement each point once
+        checked = []
+        for op, points in visited_points(state, schedule_text(state)):
+            axes = [*op.axes, *op.reduce_axes]
+            domain = sorted(itertools.product(*(range(a.extent) for a in axes)))
+            inside = sorted(p for p in points if all(0 <= v < a.extent for v, a in zip(p, axes)))
+            assert sorted(set(inside)) == domain, schedule_text(state)
+            if op.name == output:
+                assert inside == domain, schedule_text(state)
+            checked.append(op.name)
+        assert output in checked

@@ -190,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the record of a run tuned with `ansor tune --isa` (default: all the CPU has)")
     viz.add_argument("--cores", type=int, default=None,
                      help="the record of a run tuned with `ansor tune --cores` (default: all the cores)")
+    viz.add_argument("--remeasure", action="store_true",
+                     help="measure this machine's peak FLOP/s and bandwidths again and replace the saved ones "
+                          "(default: measured once, then read back)")
 
     cm = sub.add_parser("costmodel", help="cost-model quality on the records of a database")
     cm_sub = cm.add_subparsers(dest="cm_command", metavar="ACTION")
@@ -395,8 +398,9 @@ def cmd_viz(args) -> int:
               f"{db_path}; tune it first: {again}", file=sys.stderr)
         return 1
     record, _ = found
-    view = visualize(record, task=task, path=args.output,
-                     on_measure=lambda message: print(f"ansor: {message}", file=sys.stderr))
+    view = visualize(record, task=task, path=args.output, remeasure=args.remeasure,
+                     on_measure=lambda message: print(f"ansor: {message}", file=sys.stderr),
+                     on_warning=lambda message: print(f"ansor: warning: {message}", file=sys.stderr))
     console.print(view.text, markup=False, highlight=False, soft_wrap=True)
     if args.output:
         console.print(f"picture saved to {args.output}")

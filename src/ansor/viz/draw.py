@@ -18,10 +18,12 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter, LogLocator
 
+from ansor.viz.explain import vector_text
 from ansor.viz.nest import TileLevel
+from ansor.viz.units import format_bytes, format_flop
 
 if TYPE_CHECKING:
-    from ansor.viz import KernelView
+    from ansor.viz.view import KernelView
 
 FIT_COLORS = {"L1": "#2ca02c", "L2": "#9acd32", "L3": "#ff9f1c", "shared": "#2ca02c", "memory": "#d62728"}
 TILE_PANELS = 6
@@ -30,8 +32,6 @@ MAX_NEST_LINES = 46
 
 def draw(view: KernelView, path: str) -> str:
     """Write the picture of `view` to `path` (the format follows the suffix)."""
-    from ansor.viz import format_flop
-
     fig = Figure(figsize=(17, 11.5))
     grid = fig.add_gridspec(3, TILE_PANELS, height_ratios=[1.0, 1.05, 1.35], hspace=0.5, wspace=0.35,
                             left=0.04, right=0.985, top=0.92, bottom=0.03)
@@ -194,8 +194,6 @@ def _level_colors(n: int) -> list:
 def _draw_zoom(view: KernelView, ax, index: int, level: TileLevel, frame: tuple[int, ...]) -> None:
     """One level inside its parent's tile: the parent as the frame, the grid of its tiles, the
     first of them filled."""
-    from ansor.viz import format_bytes
-
     row_dim = _row_dim(level.tile, frame)
     rows, cols = _plane(frame, row_dim)
     r, c = _plane(level.tile, row_dim)
@@ -233,8 +231,6 @@ def _vector_len(view: KernelView, level: TileLevel) -> int:
 # --- footprints ----------------------------------------------------------------------------
 
 def _draw_footprints(view: KernelView, ax) -> None:
-    from ansor.viz import format_bytes
-
     if view.nest is None:
         ax.axis("off")
         ax.text(0.5, 0.5, "no tile levels", ha="center", transform=ax.transAxes)
@@ -301,7 +297,9 @@ def _draw_roofline(view: KernelView, ax) -> None:
     label = f"bound: {roof.bound}, {bound:.1f} GFLOP/s"
     if roof.gflops is not None:
         ax.plot([shown_ai], [roof.gflops], marker="*", color="#d62728", markersize=14)
-        label += f"\nkernel: {roof.gflops:.2f} GFLOP/s ({roof.fraction:.1%} of the bound)"
+        share = (f"{roof.fraction:.1%} of the bound: the bound is suspect" if roof.suspect
+                 else f"{roof.fraction:.1%} of the bound")
+        label += f"\nkernel: {roof.gflops:.2f} GFLOP/s ({share})"
         low = min(roof.gflops, bound) / 10
     else:
         label += "\n(not measured)"
@@ -332,12 +330,10 @@ def _draw_nest(view: KernelView, fig, box) -> None:
 
 
 def _draw_facts(view: KernelView, fig, box) -> None:
-    from ansor.viz import _vector_text, format_bytes
-
     nest = view.nest
     facts = []
     if nest is not None:
-        facts.append("vectorized: " + ("; ".join(_vector_text(view, b, v, n) for b, v, n in nest.vectorized)
+        facts.append("vectorized: " + ("; ".join(vector_text(view, b, v, n) for b, v, n in nest.vectorized)
                                        or "no loop"))
         facts.append("parallel: " + (", ".join(f"{v} ({n})" for v, n in nest.parallel) or "no loop"))
         facts.append(f"main statement writes {nest.main_buffer}; tiles drawn in {nest.output}")

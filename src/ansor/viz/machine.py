@@ -4,20 +4,27 @@ A roofline needs the two peaks of the machine the kernel ran on, not a data shee
 share of a socket, its clock and its memory channels decide them. They are measured once, with
 kernels compiled by ansor's own builder (the flags the tuned programs get), and kept in a JSON
 file under the user cache directory keyed by the CPU model, the instruction set and the cores.
+
+A measurement on a busy machine can be wrong by orders of magnitude (a run slowed once by the
+thread start-up, never grown past it, gave 0.0 GFLOP/s), and a saved wrong peak would mislead
+every later explanation. So each rate is timed in runs grown to a minimum duration, the best of
+several rounds is kept, and peaks that cannot be right (`check_peaks`) are never saved.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import platform
 import re
 import subprocess
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -29,6 +36,16 @@ from ansor.target import Target
 FALLBACK_CACHES = ((1, 32 * 1024, 1), (2, 1024 * 1024, 1), (3, 8 * 1024 * 1024, 0))
 PEAKS_FILE_FORMAT = 1
 MiB = 1024 * 1024
+#: Below these a measurement was disturbed, not the machine slow: a core of any CPU with vector
+#: FMA does several GFLOP/s, and any memory system streams several GB/s.
+MIN_PLAUSIBLE_GFLOPS_PER_CORE = 0.5
+MIN_PLAUSIBLE_GBS = 0.5
+#: A cache level may measure a little slower than the level beyond it (an L3 shared with other
+#: tenants), not several times slower: bandwidth decreases outward through the hierarchy.
+OUTWARD_BANDWIDTH_TOLERANCE = 0.5
+#: The two peak kernels are the same loop on the same vectors, float32 with twice the lanes: its
+#: peak is about twice float64's (once, without vectors), never far outside these ratios.
+F32_OVER_F64 = (0.5, 4.0)
 
 
 @dataclass(frozen=True)
@@ -183,32 +200,92 @@ def peaks_file() -> Path:
 
 
 def machine_peaks(target: Target | None = None, refresh: bool = False, path: str | os.PathLike | None = None,
-                  on_measure: Callable[[str], object] | None = None) -> MachinePeaks | None:
+                  on_measure: Callable[[str], object] | None = None, *, replace: bool = False,
+                  achieved_gflops: Mapping[str, float] | None = None,
+                  on_warning: Callable[[str], object] | None = None) -> MachinePeaks | None:
     """The peaks of a CPU target: read from the peaks file, else measured (a second or two) and
-    written there. None for GPU targets (this machine's CPU says nothing about them).
-    `on_measure(message)` is told before a measurement starts."""
+    written there. None for GPU targets (this machine's CPU says nothing about them), and None
+    when the measurement is implausible even after a second try: such peaks are not saved.
+
+    Args:
+        refresh: Measure again even when the file has peaks; the best of the new and the saved
+            ones is kept (other load only ever lowers a measured peak)...
+        replace: ... unless `replace`: then the new measurement replaces the saved one.
+        achieved_gflops: Throughputs some kernel reached (dtype -> GFLOP/s): a peak below them
+            is rejected, the saved ones (then measured again) as well as new ones.
+        on_measure: Told before a measurement starts.
+        on_warning: Told, in one line, why peaks were rejected (default: `warnings.warn`).
+    """
     target = target or Target.host()
     if target.is_gpu:
         return None
+    warn = on_warning or (lambda message: warnings.warn(message, RuntimeWarning, stacklevel=3))
     file = Path(path) if path is not None else peaks_file()
     key = machine_key(cpu_model(), target.isa, target.num_cores)
     table = _read_peaks(file)
-    if not refresh and key in table:
-        try:
-            return MachinePeaks.from_dict(table[key])
-        except (KeyError, TypeError, ValueError):
-            pass  # a damaged entry: measure again
+    saved = _entry(table, key)
+    if saved is not None and not refresh:
+        problems = check_peaks(saved, achieved_gflops)
+        if not problems:
+            return saved
+        warn(f"the saved peaks of this machine are implausible ({problems[0]}); measuring them again")
+    if saved is not None and check_peaks(saved):
+        saved = None  # wrong in itself (saved before peaks were checked): nothing to keep of it
     if on_measure is not None:
-        on_measure(f"measuring this machine's peak FLOP/s and memory bandwidth once (kept in {file})")
+        on_measure(f"measuring this machine's peak FLOP/s and memory bandwidth (kept in {file})")
     peaks = measure_peaks(target)
-    if key in table:  # other load only ever lowers a measured peak: keep the best seen
-        try:
-            peaks = _best_of(peaks, MachinePeaks.from_dict(table[key]))
-        except (KeyError, TypeError, ValueError):
-            pass
+    if check_peaks(peaks, achieved_gflops):  # a busy moment: one more try, keeping the best of both
+        peaks = _best_of(measure_peaks(target), peaks)
+    if saved is not None and not replace:
+        peaks = _best_of(peaks, saved)
+    problems = check_peaks(peaks, achieved_gflops)
+    if problems:
+        warn(f"this machine's peaks measured implausibly ({problems[0]}; is it busy?): not saved, no roofs")
+        return None
     table[key] = peaks.to_dict()
     _write_peaks(file, table)
     return peaks
+
+
+def check_peaks(peaks: MachinePeaks, achieved_gflops: Mapping[str, float] | None = None) -> list[str]:
+    """What makes measured peaks implausible, one phrase each (empty: plausible): a peak or a
+    bandwidth of zero or below the floor any CPU reaches, a cache slower than the level beyond
+    it (bandwidth decreases outward, within `OUTWARD_BANDWIDTH_TOLERANCE`), float32 and float64
+    peaks out of proportion (`F32_OVER_F64`), or a peak below what a kernel was measured to
+    reach."""
+    problems = []
+    floor = MIN_PLAUSIBLE_GFLOPS_PER_CORE * max(1, peaks.cores)
+    if not peaks.peak_gflops:
+        problems.append("no peak FLOP/s")
+    for dtype, gflops in sorted(peaks.peak_gflops.items()):
+        if not math.isfinite(gflops) or gflops < floor:
+            problems.append(f"{dtype} peak {gflops:.3g} GFLOP/s on {peaks.cores} cores, below {floor:g}")
+    levels = [(name, gbs) for name, (_, gbs) in sorted(peaks.cache_bandwidth.items(), key=lambda kv: kv[1][0])]
+    levels.append(("memory", peaks.bandwidth_gbs))
+    for name, gbs in levels:
+        if not math.isfinite(gbs) or gbs < MIN_PLAUSIBLE_GBS:
+            problems.append(f"{name} bandwidth {gbs:.3g} GB/s, below {MIN_PLAUSIBLE_GBS:g}")
+    f32, f64 = peaks.peak_for("float32"), peaks.peak_for("float64")
+    if f32 and f64 and not F32_OVER_F64[0] <= f32 / f64 <= F32_OVER_F64[1]:
+        problems.append(f"float32 peak {f32:.3g} and float64 peak {f64:.3g} GFLOP/s disagree")
+    for (inner, inner_gbs), (outer, outer_gbs) in zip(levels, levels[1:]):
+        if inner_gbs < OUTWARD_BANDWIDTH_TOLERANCE * outer_gbs:
+            problems.append(f"{inner} bandwidth {inner_gbs:.3g} GB/s, below {outer}'s {outer_gbs:.3g}")
+    for dtype, achieved in sorted((achieved_gflops or {}).items()):
+        peak = peaks.peak_for(dtype)
+        if peak is not None and achieved is not None and achieved > peak:
+            problems.append(f"{dtype} peak {peak:.3g} GFLOP/s, below the {achieved:.3g} a kernel reached")
+    return problems
+
+
+def _entry(table: dict, key: str) -> MachinePeaks | None:
+    """The saved peaks under `key`; None where there are none or the entry is damaged."""
+    if key not in table:
+        return None
+    try:
+        return MachinePeaks.from_dict(table[key])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _best_of(a: MachinePeaks, b: MachinePeaks) -> MachinePeaks:
@@ -246,7 +323,9 @@ _C_TYPES = {"float32": ("float", 4), "float64": ("double", 8)}
 def peak_source(vector_bytes: int, accumulators: int) -> str:
     """C for the peak kernels: per element type, every thread updates `accumulators` independent
     vectors with a multiply-add each step (enough of them to cover the FMA latency on every
-    port), and a triad `a = b + s*c` streams three arrays for the bandwidth."""
+    port), and a triad `a = b + s*c` streams three arrays for the bandwidth, `reps` times in
+    one parallel region: each thread repeats its own share without waiting for the others (a
+    region or a barrier per repetition, on a busy machine, times the waiting, not the cache)."""
     lines = ["#include <omp.h>", ""]
     for dtype, (ctype, size) in _C_TYPES.items():
         lanes = max(1, vector_bytes // size)
@@ -273,9 +352,14 @@ def peak_source(vector_bytes: int, accumulators: int) -> str:
             "",
         ]
     lines += [
-        "void ansor_triad(float *restrict a, const float *restrict b, const float *restrict c, long n, int threads) {",
-        "  #pragma omp parallel for simd num_threads(threads) schedule(static)",
-        "  for (long i = 0; i < n; ++i) a[i] = b[i] + 0.5f * c[i];",
+        "void ansor_triad(float *restrict a, const float *restrict b, const float *restrict c, long n, long reps,",
+        "                 int threads) {",
+        "  #pragma omp parallel num_threads(threads)",
+        "  for (long r = 0; r < reps; ++r) {",
+        "    float s = 0.5f + 1e-7f * (float)r;",
+        "    #pragma omp for simd schedule(static) nowait",
+        "    for (long i = 0; i < n; ++i) a[i] = b[i] + s * c[i];",
+        "  }",
         "}",
     ]
     return "\n".join(lines) + "\n"
@@ -312,9 +396,9 @@ def measure_peaks(target: Target | None = None, seconds: float = 0.25, stream_by
     n = max(1024, stream_bytes // 4)
     a, b, c = (np.ones(n, dtype=np.float32) for _ in range(3))  # pages touched before timing
     triad = lib.ansor_triad
-    triad.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
+    triad.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_int]
     ptrs = (a.ctypes.data, b.ctypes.data, c.ctypes.data)
-    bandwidth = _best_rate(lambda reps: [triad(*ptrs, n, threads) for _ in range(reps)], 12.0 * n, seconds) / 1e9
+    bandwidth = _best_rate(lambda reps: triad(*ptrs, n, reps, threads), 12.0 * n, seconds) / 1e9
     cache_bandwidth = {}
     for level in cpu_caches(threads):
         if level.name == "L1":
@@ -325,26 +409,65 @@ def measure_peaks(target: Target | None = None, seconds: float = 0.25, stream_by
         m = capacity // 24  # three arrays filling half of it, so they stay there
         xs = [np.ones(m, dtype=np.float32) for _ in range(3)]
         p3 = tuple(x.ctypes.data for x in xs)
-        gbs = _best_rate(lambda reps: [triad(*p3, m, threads) for _ in range(reps)], 12.0 * m, seconds) / 1e9
+        gbs = _best_rate(lambda reps: triad(*p3, m, reps, threads), 12.0 * m, seconds) / 1e9
         cache_bandwidth[level.name] = (capacity, gbs)
     return MachinePeaks(cpu_model(), target.isa, target.num_cores, peaks, bandwidth, cache_bandwidth)
 
 
-def _best_rate(run, work_per_unit: float, seconds: float) -> float:
-    """Work per second of `run(units)`, the best of three runs sized to about `seconds` each
-    (grown from one unit until a run is long enough to time)."""
+#: Rounds of a rate measurement, the fastest kept; how often a round that ran shorter than the
+#: minimum duration (its run count was sized from a probe slowed by the machine) grows it; and
+#: how much longer than its minimum duration growing may take in all.
+RATE_ROUNDS = 5
+MAX_REGROWTHS = 4
+GROWTH_BUDGET = 10
+MIN_GROWTH_SECONDS = 1.0
+MAX_UNITS = 1 << 40
+#: Doubling the work of a run long enough to time must make it this much longer; less, and
+#: fixed costs (waking threads on a busy machine) still dominate it.
+SCALING = 1.6
+SCALED_SECONDS = 0.1
+
+
+def _best_rate(run: Callable[[int], object], work_per_unit: float, seconds: float) -> float:
+    """Work per second of `run(units)`: the fastest of `RATE_ROUNDS` runs, each grown to last
+    at least `seconds / RATE_ROUNDS` and until its time scales with its work.
+
+    One untimed run comes first (threads started, code and pages touched). A run count grows
+    until a run lasts the minimum duration and twice the count takes about twice as long: on a
+    busy machine a parallel region can cost milliseconds of waiting for its threads, and a rate
+    timed on runs that short measures the waiting (0.0 GFLOP/s). Where the rounds still run
+    shorter than the minimum (the run that sized them was slowed), the count grows again."""
+    min_seconds = max(seconds / RATE_ROUNDS, 1e-4)
+
+    def timed(units: int) -> float:
+        start = time.perf_counter()
+        run(units)
+        return time.perf_counter() - start
+
+    def grown(units: int, elapsed: float) -> int:
+        wanted = int(1.2 * units * min_seconds / max(elapsed, 1e-9)) + 1
+        return min(MAX_UNITS, max(2 * units, wanted))
+
+    run(1)
+    deadline = time.perf_counter() + max(GROWTH_BUDGET * seconds, MIN_GROWTH_SECONDS)
     units = 1
-    while True:
-        start = time.perf_counter()
-        run(units)
-        elapsed = time.perf_counter() - start
-        if elapsed >= min(0.02, seconds) or units >= 1 << 40:
+    elapsed = timed(units)
+    while units < MAX_UNITS and time.perf_counter() < deadline:
+        if elapsed < min_seconds:
+            units = grown(units, elapsed)
+            elapsed = timed(units)
+            continue
+        if elapsed >= SCALED_SECONDS:
+            break  # waiting for threads is milliseconds: a run this long is mostly work
+        doubled = timed(2 * units)
+        if doubled >= SCALING * elapsed:
             break
-        units *= 4 if elapsed < 0.002 else 2
-    units = max(1, int(units * max(1.0, seconds / 3 / max(elapsed, 1e-9))))
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        run(units)
-        best = min(best, time.perf_counter() - start)
+        units = min(MAX_UNITS, 8 * units)  # far from scaling: grow fast, the waiting is fixed
+        elapsed = timed(units)
+    best = min(timed(units) for _ in range(RATE_ROUNDS))
+    for _ in range(MAX_REGROWTHS):
+        if best >= min_seconds / 2 or units >= MAX_UNITS:
+            break
+        units = grown(units, best)
+        best = min(timed(units) for _ in range(RATE_ROUNDS))
     return work_per_unit * units / max(best, 1e-12)
