@@ -17,6 +17,7 @@ reach 95% of what tuning from scratch found.
 
     python examples/tutorial_3_transfer.py --workload matmul --shape 512,512,512 --trials 64
     python examples/tutorial_3_transfer.py --from-isa avx512 --from-cores 1 --trials 300
+    python examples/tutorial_3_transfer.py --small --trials 6       # 64^3 (the smoke test)
 """
 
 from __future__ import annotations
@@ -40,13 +41,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", default="matmul")
     parser.add_argument("--shape", default="512,512,512")
+    parser.add_argument("--small", action="store_true",
+                        help="a 64,64,64 matmul, for a quick check (default: off; replaces --shape)")
     parser.add_argument("--trials", type=int, default=64, help="programs measured per job (default 64)")
     parser.add_argument("--from-isa", default="avx2", help="target A's ISA (default avx2)")
     parser.add_argument("--from-cores", type=int, default=None, help="target A's cores (default: all)")
     parser.add_argument("--plot", default="transfer.png")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    shape = [int(x) for x in args.shape.split(",")]
+    shape = [64, 64, 64] if args.small else [int(x) for x in args.shape.split(",")]
     host = ansor.Target.host()
     source = ansor.Target.host(isa=args.from_isa, num_cores=args.from_cores)
     if source.key == host.key:

@@ -27,6 +27,7 @@ import argparse
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -117,6 +118,19 @@ def time_against_cublas(kernel: ansor.Kernel, inputs: list[np.ndarray], rounds: 
     return f"ansor {o * 1e3:.3f} ms, PyTorch (cuBLAS) {t * 1e3:.3f} ms: ansor at {t / o:.2f}x cuBLAS's speed"
 
 
+def require_opencl() -> None:
+    """Where OpenCL cannot run GPU programs here (no pyopencl, no PoCL), say in one line what to
+    install and exit with status 2, rather than fail with a traceback in the middle of tuning."""
+    from ansor.measure.opencl import OpenCLUnavailableError, find_device
+
+    try:
+        find_device()
+    except OpenCLUnavailableError as err:
+        print(f"tutorial_5_gpu.py runs GPU programs on this CPU through OpenCL, which is missing: {err}",
+              file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", type=int, default=256, help="n of the n x n x n matmul")
@@ -127,6 +141,7 @@ def main() -> None:
     p.add_argument("--database", default=None, help="records (default: a temporary file)")
     p.add_argument("--out", default=None, help="folder for the CUDA text (default: a temporary one)")
     args = p.parse_args()
+    require_opencl()
     n = 32 if args.small else args.size
     db = args.database or str(Path(tempfile.mkdtemp()) / "gpu.db")
     out_dir = Path(args.out or tempfile.mkdtemp(prefix="ansor-gpu-"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -19,10 +20,11 @@ def test_tutorial_3_transfer_runs_and_draws_its_curves(tmp_path):
     if host.num_cores < 2:
         pytest.skip("target A is this machine on one core: needs two")
     png = tmp_path / "transfer.png"
-    out = subprocess.run([sys.executable, str(EXAMPLES / "tutorial_3_transfer.py"), "--shape", "64,64,64",
-                          "--trials", "6", "--from-isa", host.isa, "--from-cores", "1", "--plot", str(png)],
+    out = subprocess.run([sys.executable, str(EXAMPLES / "tutorial_3_transfer.py"), "--small", "--trials", "6",
+                          "--from-isa", host.isa, "--from-cores", "1", "--plot", str(png)],
                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
+    assert "matmul [64, 64, 64] on target A" in out.stdout
     assert "trials to reach 95% of the from-scratch best" in out.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -111,3 +113,19 @@ def test_tutorial_5_gpu_checks_an_opencl_kernel_and_prints_its_cuda_form(tmp_pat
     assert '__global__' in source and "__syncthreads();" in source
     if shutil.which("nvcc"):
         assert "registers" in out and "bytes of shared memory" in out
+
+
+def test_tutorial_5_gpu_without_pyopencl_says_what_to_install(tmp_path):
+    """Without the OpenCL extra: one line naming the install, exit status 2, no traceback."""
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "pyopencl.py").write_text(  # shadows an installed pyopencl: importing it fails as if absent
+        "raise ModuleNotFoundError(\"No module named 'pyopencl'\", name='pyopencl')\n")
+    path = os.pathsep.join(filter(None, [str(hidden), os.environ.get("PYTHONPATH")]))
+    out = subprocess.run([sys.executable, str(EXAMPLES / "tutorial_5_gpu.py"), "--small", "--trials", "2"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": path})
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'ansor[opencl]'" in lines[0] and "pyopencl" in lines[0], out.stderr
