@@ -26,12 +26,11 @@ import json
 import math
 import os
 import platform
-import statistics
 import tempfile
 import time
 
 import ansor
-from ansor.baselines import time_numpy, time_torch, torch_available
+from ansor.baselines import measure_in_turns, time_numpy, time_torch, torch_available
 from ansor.store import open_store
 from ansor.workloads import WORKLOADS, make_task, workload_options
 
@@ -107,23 +106,6 @@ def curve_from_database(task, db: str, trials: int) -> list:
     return curve
 
 
-def time_in_turns(timers: dict) -> dict:
-    """Median and spread (min, max) of seconds per call for each named timer, timed in turns
-    so that a noisy stretch of the machine hits every side alike. Each round starts with a
-    different timer, and each timer waits TURN_PAUSE_S first: thread pools (OpenBLAS, PyTorch's
-    OpenMP) keep spinning for a while after their work, and on two cores the next side would
-    pay for it."""
-    samples: dict[str, list[float]] = {k: [] for k in timers}
-    keys = list(timers)
-    for r in range(TIMING_ROUNDS):
-        for key in keys[r % len(keys):] + keys[:r % len(keys)]:
-            time.sleep(TURN_PAUSE_S)
-            sec = timers[key]()
-            if sec is not None:
-                samples[key].append(sec)
-    return {k: (statistics.median(v), min(v), max(v)) for k, v in samples.items() if v}
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trials-matmul", type=int, default=1000)
@@ -185,9 +167,10 @@ def main() -> None:
                     timers["torch_compile_s"] = lambda: time_torch(w.torch_fn, o, inputs, compiled=True).median
                 except Exception as exc:  # torch.compile needs a working toolchain
                     row["torch_compile_error"] = str(exc)[:200]
-        for key, (median, lo, hi) in time_in_turns(timers).items():
-            row[key] = median
-            row[key.removesuffix("_s") + "_spread_s"] = [lo, hi]
+        # each timer returns its own seconds per call; the rounds take turns (thread pools spin on)
+        for key, timing in measure_in_turns(timers, rounds=TIMING_ROUNDS, pause_s=TURN_PAUSE_S).items():
+            row[key] = timing.median
+            row[key.removesuffix("_s") + "_spread_s"] = [min(timing.runs), max(timing.runs)]
         results.append(row)
         _print_row(row, args.compare)
     if args.compare and results:

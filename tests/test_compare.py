@@ -143,3 +143,26 @@ def test_timing_in_turns_keeps_each_round_and_pairs_them():
     base = Timing(2.0, 3.0 / 2.0, (1.0, 2.0, 4.0))
     other = Timing(4.0, 6.0 / 4.0, (2.0, 4.0, 8.0))
     assert paired_ratio(other, base) == 2.0 and paired_ratio(base, other) == 0.5
+
+
+def test_measurements_taken_in_turns_rotate_and_drop_missing_figures():
+    """`measure_in_turns` is the one implementation of turns (the suite's timers use it): each
+    round starts with the next measurement, a None figure is no figure, and no figure at all
+    leaves the measurement out."""
+    from ansor.baselines import measure_in_turns
+
+    order: list[str] = []
+    figures = {"a": iter([1.0, 3.0, 2.0]), "b": iter([None, 4.0, None])}
+
+    def measure(name):
+        def take():
+            order.append(name)
+            return next(figures[name])
+        return take
+
+    turns = measure_in_turns({"a": measure("a"), "b": measure("b"), "c": lambda: None}, rounds=3)
+    assert order == ["a", "b", "b", "a", "a", "b"]
+    assert turns["a"].median == 2.0 and turns["a"].runs == (1.0, 3.0, 2.0) and turns["b"].runs == (4.0,)
+    assert "c" not in turns
+    with pytest.raises(ValueError, match="at least 1 round"):
+        measure_in_turns({"a": lambda: 1.0}, rounds=0)

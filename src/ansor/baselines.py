@@ -56,30 +56,50 @@ def _calls_per_repeat(fn: Callable[[], object], min_repeat_s: float) -> int:
 
 def time_in_turns(fns: dict[str, Callable[[], object]], rounds: int = 7,
                   min_repeat_s: float = 0.05, pause_s: float = 0.0) -> dict[str, Timing]:
-    """Median seconds per call of each callable, timed in turns: every round times each one
-    once, so a quiet or a busy moment of the machine falls on all of them alike. Use it for
-    any verdict of one implementation against another.
-
-    Each round starts with a different callable, and each turn first sleeps `pause_s`: a
-    runtime's thread pool goes on spinning (or its memory traffic settles) for a while after its
-    work, and on few cores the turn that follows pays for it (measured for a whole model right
-    after onnxruntime: BENCHMARKS.md)."""
+    """Median seconds per call of each callable, timed in turns (`measure_in_turns`): enough
+    calls per turn to last `min_repeat_s`, counted once before the rounds. Use it for any
+    verdict of one implementation against another."""
     numbers = {name: _calls_per_repeat(fn, min_repeat_s) for name, fn in fns.items()}
-    costs: dict[str, list[float]] = {name: [] for name in fns}
-    names = list(fns)
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            fn, number = fns[name], numbers[name]
-            if pause_s > 0:
-                time.sleep(pause_s)
+
+    def turn(fn: Callable[[], object], number: int) -> Callable[[], float]:
+        def seconds_per_call() -> float:
             t0 = time.perf_counter()
             for _ in range(number):
                 fn()
-            costs[name].append((time.perf_counter() - t0) / number)
+            return (time.perf_counter() - t0) / number
+
+        return seconds_per_call
+
+    return measure_in_turns({name: turn(fn, numbers[name]) for name, fn in fns.items()}, rounds, pause_s)
+
+
+def measure_in_turns(measures: dict[str, Callable[[], float | None]], rounds: int = 7,
+                     pause_s: float = 0.0) -> dict[str, Timing]:
+    """The turns themselves: every round calls each measurement once (each returns seconds per
+    call, or None for no figure), so a quiet or a busy moment of the machine falls on all of
+    them alike; the median and spread of each one's figures. A measurement with no figure at
+    all is left out.
+
+    Each round starts with a different measurement, and each turn first sleeps `pause_s`: a
+    runtime's thread pool goes on spinning (or its memory traffic settles) for a while after its
+    work, and on few cores the turn that follows pays for it (measured for a whole model right
+    after onnxruntime: BENCHMARKS.md)."""
+    if rounds < 1:
+        raise ValueError(f"timing in turns needs at least 1 round, got {rounds}")
+    costs: dict[str, list[float]] = {name: [] for name in measures}
+    names = list(measures)
+    for r in range(rounds if names else 0):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            if pause_s > 0:
+                time.sleep(pause_s)
+            seconds = measures[name]()
+            if seconds is not None:
+                costs[name].append(seconds)
     out = {}
     for name, runs in costs.items():
-        med = statistics.median(runs)
-        out[name] = Timing(med, (max(runs) - min(runs)) / med if med > 0 else 0.0, tuple(runs))
+        if runs:
+            med = statistics.median(runs)
+            out[name] = Timing(med, (max(runs) - min(runs)) / med if med > 0 else 0.0, tuple(runs))
     return out
 
 

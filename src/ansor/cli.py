@@ -48,13 +48,57 @@ def _shape(text: str) -> tuple[int, ...]:
     return tuple(dims)
 
 
+def _at_least(minimum: int):
+    """An argparse type: an integer of at least `minimum` (a count of trials, rounds or
+    programs, a seed), refused while parsing, before anything is opened or created."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {n}")
+        return n
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    """An argparse type: a share strictly between 0 and 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must lie strictly between 0 and 1, got {text}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line, like every other failure of the command (the usage
+    is one --help away); exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (`{self.prog} --help` shows the usage)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of the `ansor` command and its subcommands (the documentation's command-line
     reference is generated from it)."""
     from ansor.tuning.options import TuneOptions
 
-    parser = argparse.ArgumentParser(prog="ansor", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="ansor", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -62,27 +106,28 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Tune a named workload, then compare the best kernel with numpy "
                                       "(and PyTorch when installed), measured in the same run.")
     _workload_args(tune)
-    tune.add_argument("--trials", type=int, default=64,
-                      help="programs to measure in this run, on top of those already in the database "
-                           "(default 64)")
-    tune.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+    tune.add_argument("--trials", type=_at_least(0), default=64,
+                      help="programs this run measures, never one the database already holds; the 4 "
+                           "fastest are then measured once more to confirm the best (default 64)")
+    tune.add_argument("--time-budget", type=_seconds, default=None, metavar="SECONDS",
                       help="stop searching after this many seconds even if --trials are not reached "
                            "(default: no limit)")
     tune.add_argument("--database", help=DATABASE_HELP)
-    tune.add_argument("--seed", type=int, default=None,
+    tune.add_argument("--seed", type=_at_least(0), default=None,
                       help="random seed of the search (default: none, a different search each run)")
     tune.add_argument("--policy", default="sketch.xgb",
                       help="search policy: sketch.xgb (the default: evolution guided by the learned cost "
                            "model), sketch.random (random sampling of the sketches) or basic")
-    tune.add_argument("--timeout", type=float, default=10.0,
+    tune.add_argument("--timeout", type=_seconds, default=10.0,
                       help="seconds before a kernel counts as hung (default 10)")
-    tune.add_argument("--per-round", type=int, default=64, help="programs measured per round (default 64)")
-    tune.add_argument("--transfer-programs", type=int, default=TuneOptions.transfer_programs,
+    tune.add_argument("--per-round", type=_at_least(1), default=64,
+                      help="programs measured per round (default 64)")
+    tune.add_argument("--transfer-programs", type=_at_least(0), default=TuneOptions.transfer_programs,
                       help="measured programs of the database's other workloads the cost model starts "
                            f"from; 0: learn from this workload alone (default {TuneOptions.transfer_programs})")
     tune.add_argument("--isa", choices=["avx512", "avx2", "generic"], default=None,
                       help="tune for this CPU's instruction set restricted to ISA (default: all it has)")
-    tune.add_argument("--cores", type=int, default=None,
+    tune.add_argument("--cores", type=_at_least(1), default=None,
                       help="tune for this many of the CPU's cores (default: all of them)")
     tune.add_argument("--transfer-from", action="append", default=[], metavar="TARGET_KEY",
                       help="start from the records of another target in the database, e.g. "
@@ -109,19 +154,21 @@ def build_parser() -> argparse.ArgumentParser:
     tm = sub.add_parser("tune-model", help="tune the fused subgraphs of an ONNX model together",
                         description="Import an ONNX model, cut it into fused subgraphs and tune their distinct "
                                     "tasks under the task scheduler with one cost model. A rerun with the same "
-                                    "database resumes: records already there count against --trials.")
+                                    "database resumes: programs already there are never measured again, and "
+                                    "--trials more are measured.")
     tm.add_argument("model", help="an .onnx file with static input shapes")
-    tm.add_argument("--trials", type=int, default=1000,
-                    help="programs to measure for the whole model, records already in the database "
-                         "included (default 1000)")
-    tm.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+    tm.add_argument("--trials", type=_at_least(0), default=1000,
+                    help="programs this run measures across the model's tasks, never one the database "
+                         "already holds (default 1000)")
+    tm.add_argument("--time-budget", type=_seconds, default=None, metavar="SECONDS",
                     help="stop searching after this many seconds (default: no limit)")
     tm.add_argument("--scheduler", default="gradient", choices=["gradient", "round-robin"],
                     help="which task gets the next round (default gradient: where the model's estimated "
                          "latency drops most)")
     tm.add_argument("--database", help=DATABASE_HELP)
-    tm.add_argument("--seed", type=int, default=None, help="random seed of the search (default: none)")
-    tm.add_argument("--timeout", type=float, default=10.0, help="seconds before a kernel counts as hung (default 10)")
+    tm.add_argument("--seed", type=_at_least(0), default=None, help="random seed of the search (default: none)")
+    tm.add_argument("--timeout", type=_seconds, default=10.0,
+                    help="seconds before a kernel counts as hung (default 10)")
     tm.add_argument("--quiet", action="store_true", help="no progress display (default: show it)")
     tm.add_argument("--no-winograd", action="store_true",
                     help="keep 3x3 convolutions direct (default: Winograd form over large images; "
@@ -130,11 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
     rm = sub.add_parser("run-model", help="run an ONNX model with its tuned kernels, checked and timed",
                         description="Build an ONNX model with the best records of the database (untuned "
                                     "default schedules for the rest), run it on random inputs, check the "
-                                    "output against the numpy reference executor, and time it in turns with "
-                                    "onnxruntime when installed.")
+                                    "output against the numpy reference executor and onnxruntime (when "
+                                    "installed), and time it in turns with onnxruntime. Exit status 1 when "
+                                    "the output disagrees with either.")
     rm.add_argument("model", help="an .onnx file with static input shapes")
     rm.add_argument("--database", help=DATABASE_HELP)
-    rm.add_argument("--rounds", type=int, default=7, help="timing rounds, in turns with onnxruntime (default 7)")
+    rm.add_argument("--rounds", type=_at_least(1), default=7,
+                    help="timing rounds, in turns with onnxruntime (default 7)")
     rm.add_argument("--profile", action="store_true", help="also print the time of every subgraph (default: off)")
     rm.add_argument("--no-winograd", action="store_true",
                     help="keep 3x3 convolutions direct, as tune-model --no-winograd tuned them (default: "
@@ -157,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
         cp.add_argument(f"--{opt}", type=int, default=None,
                         help=f"{opt} of the workloads that take it (default: the workload's own)")
     cp.add_argument("--database", help=DATABASE_HELP)
-    cp.add_argument("--rounds", type=int, default=7, help="timing rounds, every one timing each implementation "
+    cp.add_argument("--rounds", type=_at_least(1), default=7, help="timing rounds, every one timing each implementation "
                                                           "once (default 7)")
     cp.add_argument("--skip", action="append", default=[], metavar="BASELINE",
                     choices=["numpy", "torch", "torch.compile", "onnxruntime"],
@@ -165,16 +214,23 @@ def build_parser() -> argparse.ArgumentParser:
                          "default: none)")
     cp.add_argument("-o", "--output", metavar="PNG", help="save a bar chart of the times here (default: no chart)")
 
-    sub.add_parser("workloads", help="list the named workloads and the meaning of --shape")
+    sub.add_parser("workloads", help="list the named workloads and the meaning of --shape",
+                   description="The named workloads that tune, sketches, sample, compare and viz take: "
+                               "what the numbers of --shape mean, the default shape and the options "
+                               "(stride, padding, ...) each one accepts.")
 
     sk = sub.add_parser("sketches", help="print every sketch (high-level structure) of a workload",
                         description="Derive the sketches of a workload and print each as a loop nest "
                                     "with the rules that produced it ('?' marks undecided tile sizes).")
     _workload_args(sk)
-    sa = sub.add_parser("sample", help="print randomly annotated complete programs and their C")
+    sa = sub.add_parser("sample", help="print randomly annotated complete programs and their C",
+                        description="Derive the sketches of a workload, fill in their tile sizes, compute "
+                                    "locations, parallel, vector and unroll choices at random, and print each "
+                                    "program as a loop nest and as the C the compiler gets. Nothing is "
+                                    "compiled, measured or recorded.")
     _workload_args(sa)
-    sa.add_argument("-n", type=int, default=3, help="how many programs (default 3)")
-    sa.add_argument("--seed", type=int, default=0, help="random seed of the sampling (default 0)")
+    sa.add_argument("-n", type=_at_least(1), default=3, help="how many programs (default 3)")
+    sa.add_argument("--seed", type=_at_least(0), default=0, help="random seed of the sampling (default 0)")
     sa.add_argument("--no-source", action="store_true", help="loop nests only, no C (default: print the C)")
 
     viz = sub.add_parser("viz", help="why the best kernel of a workload is fast: its tiles and its roofline",
@@ -194,23 +250,36 @@ def build_parser() -> argparse.ArgumentParser:
                      help="measure this machine's peak FLOP/s and bandwidths again and replace the saved ones "
                           "(default: measured once, then read back)")
 
-    cm = sub.add_parser("costmodel", help="cost-model quality on the records of a database")
+    cm = sub.add_parser("costmodel", help="cost-model quality on the records of a database",
+                        description="The learned cost model: `eval` scores how well it ranks the programs "
+                                    "of a database, `info` says what the pretrained model shipped in the "
+                                    "package was trained on.")
     cm_sub = cm.add_subparsers(dest="cm_command", metavar="ACTION")
     ev = cm_sub.add_parser("eval", help="train on a split of the records, report ranking quality on the rest",
                            description="Replays every record of the database for this machine's target, "
                                        "extracts program features, trains the XGBoost cost model on 80% of "
                                        "the programs and reports pairwise ranking accuracy, top-k recall and "
                                        "R^2 on the held-out 20%.")
-    cm_sub.add_parser("info", help="what the pretrained model shipped in the package was trained on")
+    cm_sub.add_parser("info", help="what the pretrained model shipped in the package was trained on",
+                      description="The provenance of the pretrained cost model shipped in the package: its "
+                                  "file, the machine and target it was trained on, its programs and "
+                                  "workloads, and its scores on held-out workloads.")
     ev.add_argument("--database", help=DATABASE_HELP)
-    ev.add_argument("--test-fraction", type=float, default=0.2,
+    ev.add_argument("--test-fraction", type=_fraction, default=0.2,
                     help="share of the programs held out for scoring (default 0.2)")
-    ev.add_argument("--seed", type=int, default=0, help="random seed of the split and the model (default 0)")
+    ev.add_argument("--seed", type=_at_least(0), default=0,
+                    help="random seed of the split and the model (default 0)")
 
-    exp = sub.add_parser("export", help="write records as JSON lines")
+    exp = sub.add_parser("export", help="write records as JSON lines",
+                         description="Write every record of a database, with the workloads and targets they "
+                                     "belong to, as JSON lines: one self-contained file another machine "
+                                     "can `ansor import`. The database is only read.")
     exp.add_argument("path", help="the JSON-lines file to write (replaced if it exists)")
     exp.add_argument("--database", help=DATABASE_HELP)
-    imp = sub.add_parser("import", help="read records from JSON lines (skipping ones already present)")
+    imp = sub.add_parser("import", help="read records from JSON lines (skipping ones already present)",
+                         description="Add the records of a JSON-lines file written by `ansor export` to a "
+                                     "database (created if missing), skipping records it already holds. A "
+                                     "file that cannot be read creates nothing.")
     imp.add_argument("path", help="a JSON-lines file written by `ansor export`")
     imp.add_argument("--database", help=DATABASE_HELP + "; created if missing")
     from ansor.pretrain.command import add_pretrain_parser
@@ -270,15 +339,68 @@ def _version() -> str:
     return f"ansor {__version__}"
 
 
+#: Exit status of a wrong result: ansor's output disagrees with a reference.
+EXIT_WRONG_RESULT = 1
+#: Exit status of every other failure: bad input, a file that cannot be read or written, a
+#: missing device, compiler or optional package, too little memory.
+EXIT_ERROR = 2
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the `ansor` command on `argv` (default: the process's arguments); returns the exit
-    status: 0 on success, 1 for a wrong result, 2 for bad input, 130 after Ctrl-C (143 after
-    SIGTERM while tuning)."""
+    status: 0 on success, 1 for a wrong result, 2 for any other failure, 130 after Ctrl-C (143
+    after SIGTERM while tuning). A failure is one line on stderr, never a traceback."""
     try:
         return _main(argv)
     except KeyboardInterrupt:  # Ctrl-C outside tuning (start-up, a read-only command): no traceback
         print("ansor: interrupted", file=sys.stderr)
         return 130
+    except _wrong_result_errors() as exc:
+        print(f"ansor: wrong result: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_WRONG_RESULT
+    except _anticipated_errors() as exc:
+        print(f"ansor: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _wrong_result_errors() -> tuple[type[BaseException], ...]:
+    from ansor.compare import WrongResultError
+
+    return (WrongResultError,)
+
+
+def _anticipated_errors() -> tuple[type[BaseException], ...]:
+    """What a command fails with when its input, its files or this machine do not allow it (a
+    bug is none of these, and keeps its traceback)."""
+    from ansor.compare import onnx_errors
+    from ansor.graph.torch_importer import UnsupportedOperatorError
+    from ansor.measure.build import CompilerNotFoundError
+    from ansor.measure.errors import DeviceUnavailableError
+    from ansor.store import DatabaseError
+
+    # ValueError covers ScheduleError, GraphError, ShapeError and ReplayError; OSError every
+    # file that cannot be read or written; MemoryError numpy's arrays too large to allocate
+    return (ValueError, KeyError, TypeError, OverflowError, OSError, MemoryError, ImportError, DatabaseError,
+            DeviceUnavailableError, CompilerNotFoundError, UnsupportedOperatorError, *onnx_errors())
+
+
+def _one_line(exc: BaseException) -> str:
+    """An error as one line: what failed and why, at most MAX_ERROR_CHARS characters."""
+    if isinstance(exc, KeyError) and exc.args:
+        text = str(exc.args[0])
+    elif isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        text = f"{exc.filename}: {exc.strerror}"
+    elif isinstance(exc, MemoryError):
+        text = f"out of memory: {exc}" if str(exc) else "out of memory"
+    elif isinstance(exc, ImportError) and exc.name:
+        text = f"{exc}: an optional package is missing (see the optional extras in README.md)"
+    else:
+        text = str(exc) or type(exc).__name__
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS - 3] + "..."
+
+
+MAX_ERROR_CHARS = 600
 
 
 def _main(argv: list[str] | None) -> int:
@@ -288,23 +410,60 @@ def _main(argv: list[str] | None) -> int:
         parser.print_usage(sys.stderr)
         print("ansor: error: give a command; `ansor --help` lists them", file=sys.stderr)
         return 2
-    from ansor.store import DatabaseError
-    from ansor.measure.errors import DeviceUnavailableError
-    from ansor.schedule.state import ScheduleError
-
     commands = {"tune": cmd_tune, "show": cmd_show, "workloads": cmd_workloads, "sketches": cmd_sketches,
                 "sample": cmd_sample, "costmodel": cmd_costmodel, "export": cmd_export, "import": cmd_import,
                 "tune-model": cmd_tune_model, "run-model": cmd_run_model, "viz": cmd_viz}
     commands["compare"] = cmd_compare
     commands["pretrain"] = cmd_pretrain
+    database = None
+    if args.command in _CREATING:
+        import ansor
+
+        database = args.database or str(ansor.default_database_path())
+    return _leaving_no_empty_database(commands[args.command], args, database)
+
+
+#: The commands that create their database when it is missing.
+_CREATING = ("tune", "tune-model", "import", "compare")
+
+
+def _leaving_no_empty_database(command, args, database: str | None) -> int:
+    """`command(args)`; when it fails and the database it created holds no record, the database
+    and the cost-model files written beside it are removed: a failed command leaves nothing."""
+    if database is None or database == ":memory:" or os.path.exists(database):
+        return command(args)
+    before = set(_costmodel_files(database))
+    status = EXIT_ERROR
     try:
-        return commands[args.command](args)
-    except (KeyError, ValueError, TypeError, DatabaseError, ScheduleError, FileNotFoundError,
-            DeviceUnavailableError) as exc:
-        # bad input from the command line or a bad file: a one-line message, not a traceback
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"ansor: error: {message}", file=sys.stderr)
-        return 2
+        status = command(args)
+        return status
+    finally:
+        if status != 0:
+            _remove_if_empty(database, before)
+
+
+def _costmodel_files(database: str) -> list[str]:
+    import glob
+
+    stem, _ = os.path.splitext(database)
+    return glob.glob(glob.escape(stem) + ".*.costmodel.json")
+
+
+def _remove_if_empty(database: str, keep: set[str]) -> None:
+    from ansor.store import open_store
+
+    if not os.path.exists(database):
+        return
+    try:
+        with open_store(database, create=False)[0] as store:
+            if store.count():
+                return
+    except Exception:  # noqa: BLE001 - not a database this command can read: not its to remove
+        return
+    for path in [database, *(database + suffix for suffix in ("-wal", "-shm", "-journal")),
+                 *(p for p in _costmodel_files(database) if p not in keep)]:
+        if os.path.exists(path):
+            os.remove(path)
 
 
 def _joined_negative_shapes(argv: list[str]) -> list[str]:
@@ -411,116 +570,124 @@ def cmd_tune(args) -> int:
     import ansor
     from ansor.interrupts import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, terminate_as_interrupt
     from ansor.report import console
+    from ansor.store import open_store
+    from ansor.tuning.options import TuneOptions
+    from ansor.workloads import task_label
 
     task = _task_from_args(args)
-    if args.trials < 0:
-        raise ValueError("--trials must be >= 0")
-    if args.time_budget is not None and args.time_budget <= 0:
-        raise ValueError("--time-budget must be a positive number of seconds")
+    options = TuneOptions(trials=args.trials, time_budget=args.time_budget, timeout=args.timeout, seed=args.seed,
+                          policy=args.policy, measures_per_round=args.per_round,
+                          transfer_programs=args.transfer_programs, pretrained=False if args.no_pretrained else None,
+                          transfer_from=tuple(args.transfer_from))
+    _check_runnable(task, args)
     db_path = args.database or str(ansor.default_database_path())
-    console.print(f"[bold]ansor[/] tuning [cyan]{args.workload}[/] {list(task.outputs[0].shape)} "
-                  f"({task.flop / 1e9:.3f} GFLOP) on {task.target.key}; records: {db_path}")
+    console.print(f"[bold]ansor[/] tuning [cyan]{task_label(task)}[/] ({task.flop / 1e9:.3f} GFLOP) on "
+                  f"{task.target.key}; records: {db_path}")
     result = None
+    with open_store(db_path)[0] as store:
+        before = store.count(task.workload_key, task.target.key)
+        try:
+            with terminate_as_interrupt():
+                result = ansor.tune(task, database=store, options=options, progress=not args.quiet)
+                return _tune_report(args, task, result, store, before)
+        except KeyboardInterrupt as exc:
+            partial = getattr(exc, "results", None)
+            measured = result.trials if result is not None else (partial[0].trials if partial else 0)
+            what = "terminated" if isinstance(exc, Terminated) else "interrupted"
+            print(f"ansor: {what}; the {measured} programs this run measured are kept in {db_path} "
+                  f"(the same command continues from them)", file=sys.stderr)
+            return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
+
+
+def _check_runnable(task, args) -> None:
+    """Refuse, before any database is created, a tuning job this machine cannot run: a GPU
+    target without its device, no C compiler, or buffers larger than the memory."""
+    import numpy as np
+
+    from ansor.backend import backend_for
+    from ansor.measure import check_compiler
+    from ansor.report import format_bytes
+    from ansor.workloads import task_label
+
+    if task.target.is_gpu:
+        backend_for(task.target).runner(timeout=args.timeout).close()  # no device: DeviceUnavailableError
+    if args.trials:
+        check_compiler()
+    need = sum(math.prod(t.shape) * np.dtype(t.dtype).itemsize for t in (*task.inputs, *task.outputs))
+    have = _physical_memory()
+    if have and need > have:
+        raise MemoryError(f"the inputs and outputs of {task_label(task)} take {format_bytes(need)}; this "
+                          f"machine has {format_bytes(have)}")
+
+
+def _physical_memory() -> int:
+    """Bytes of memory of this machine; 0 when it cannot tell."""
     try:
-        with terminate_as_interrupt():
-            result = ansor.tune(task, trials=args.trials, database=db_path, seed=args.seed, policy=args.policy,
-                                timeout=args.timeout, measures_per_round=args.per_round, progress=not args.quiet,
-                                transfer_programs=args.transfer_programs, time_budget=args.time_budget,
-                                pretrained=False if args.no_pretrained else None, transfer_from=args.transfer_from)
-            return _tune_report(args, task, result, db_path)
-    except KeyboardInterrupt as exc:
-        partial = getattr(exc, "results", None)
-        measured = result.trials if result is not None else (partial[0].trials if partial else 0)
-        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
-        print(f"ansor: {what}; the {measured} programs this run measured are kept in {db_path} "
-              f"(the same command continues from them)", file=sys.stderr)
-        return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return 0
 
 
-def _tune_report(args, task, result, db_path: str) -> int:
-    """After tuning: the best kernel built from the database, checked, and timed in turns
-    against numpy and PyTorch."""
-    import ansor
-    from ansor.baselines import time_in_turns, torch_callable
-    from ansor.report import best_text, comparison_table, console, error_summary
-    from ansor.workloads import WORKLOADS, workload_options
+def _tune_report(args, task, result, store, records_before: int) -> int:
+    """After tuning: the numbers of the run (programs measured, the leaders measured again),
+    the best as `ansor show` gives it, then the best kernel built from the database, checked,
+    and timed in turns against numpy and PyTorch (`compare.compare_task`)."""
+    from ansor.compare import BASELINES, compare_task
+    from ansor.report import best_text, console, error_summary
+    from ansor.workloads import task_label
 
     errors = f"; {error_summary(result.error_counts, args.timeout)}" if result.errors else ""
-    console.print(f"measured {result.trials} programs in {result.seconds:.1f} s{errors}: search "
-                  f"{result.search_seconds:.1f} s, measurement {result.measure_seconds:.1f} s, cost model "
-                  f"{result.model_seconds:.1f} s")
+    added = store.count(task.workload_key, task.target.key) - records_before
+    again = added - result.trials
+    confirmed = f"; the {again} fastest measured again to confirm: {added} records added" if again > 0 else ""
+    console.print(f"{result.trials} programs measured in {result.seconds:.1f} s (search {result.search_seconds:.1f} s, "
+                  f"measurement {result.measure_seconds:.1f} s, cost model {result.model_seconds:.1f} s){errors}"
+                  f"{confirmed}")
     if result.best_cost < math.inf:
         console.print(f"best in the database: {best_text(result)}")
     if args.plot and result.curve:
         from ansor.report import plot_curves
 
-        plot_curves({args.policy: result.curve}, args.plot, f"{args.workload} {list(task.outputs[0].shape)}")
+        plot_curves({args.policy: result.curve}, args.plot, task_label(task))
         console.print(f"tuning curve saved to {args.plot}")
-    kernel = ansor.build(task, database=db_path)
-    inputs = task.random_inputs(seed=1)
-    problem = kernel.check(*inputs)
-    if problem:
-        console.print(f"[red]the built kernel disagrees with the reference: {problem}[/]")
-        return 1
-    fns = {"ansor": kernel.prepared(*inputs)}
-    notes = {"ansor": "checked against numpy reference"
-             + (f"; {', '.join(kernel.constant_inputs)} packed ahead of the calls" if kernel.packs_ahead else "")}
-    if kernel.packs_ahead:
-        fns["ansor, packing in every call"] = kernel.prepared(*inputs, include_prepack=True)
-        notes["ansor, packing in every call"] = "kernel(...) without bind()"
-    w = WORKLOADS[args.workload]
-    if not args.no_baseline:
-        if w.numpy_fn is not None:
-            fns["numpy"] = lambda: w.numpy_fn(*inputs)
-        if w.torch_fn is not None:
-            opts = {k: getattr(args, k) for k in ("stride", "padding", "dilation", "groups")}
-            torch_fn = torch_callable(w.torch_fn, workload_options(args.workload, args.shape, **opts), inputs)
-            if torch_fn is not None:
-                fns["PyTorch eager"] = torch_fn
-    rounds = 7
-    timings = time_in_turns(fns, rounds=rounds)
-    rows = [(name, t.median, "; ".join(filter(None, [notes.get(name, ""), f"spread {t.spread:.0%}"])))
-            for name, t in timings.items()]
-    console.print(comparison_table(f"{args.workload} {list(task.outputs[0].shape)}, timed in turns "
-                                   f"({rounds} rounds, medians)", task.flop, rows))
+    skip = set(BASELINES) if args.no_baseline else {"torch.compile", "onnxruntime"}
+    comparison = compare_task(task, store, rounds=7, skip=skip, quick_trials=0)
+    console.print(comparison.table())
+    console.print(comparison.checked)
+    for line in comparison.lines():
+        console.print(line, markup=False, highlight=False)
     if args.trials and result.best_cost == math.inf:
         console.print("[yellow]no program ran successfully; the kernel above is the untuned default[/]")
     return 0
 
 
-def _load_model(path: str):
-    from ansor.graph import from_onnx
-
-    if not path.endswith(".onnx"):
-        raise ValueError(f"{path}: give an .onnx file (PyTorch models: ansor.graph.from_torch in Python)")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such file")
-    return from_onnx(path)
-
-
 def cmd_tune_model(args) -> int:
     import ansor
+    from ansor.compare import load_model
     from ansor.graph.model_tasks import extract_tasks
-    from ansor.graph.model_tuning import estimated_latency, tune_model
+    from ansor.graph.model_tuning import estimated_latency, spent_trials, tune_model
     from ansor.interrupts import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, terminate_as_interrupt
+    from ansor.measure import check_compiler
     from ansor.report import TuneProgress, console, format_seconds
     from ansor.store import open_store
 
-    if args.trials < 0:
-        raise ValueError("--trials must be >= 0")
-    if args.time_budget is not None and args.time_budget <= 0:
-        raise ValueError("--time-budget must be a positive number of seconds")
-    model = extract_tasks(_load_model(args.model), winograd=not args.no_winograd)
+    model = extract_tasks(load_model(args.model), winograd=not args.no_winograd)
+    if args.trials:
+        check_compiler()
     db_path = args.database or str(ansor.default_database_path())
     console.print(f"[bold]ansor[/] tuning [cyan]{args.model}[/]: {len(model.pieces)} subgraphs, "
                   f"{len(model.tasks)} distinct tasks, {len(model.fallbacks)} on numpy fallback; "
                   f"scheduler {args.scheduler}; records: {db_path}")
-    progress = [] if args.quiet else [TuneProgress(timeout=args.timeout)]
+    progress = [] if args.quiet else [TuneProgress(total=args.trials, timeout=args.timeout)]
     try:
         with terminate_as_interrupt(), open_store(db_path)[0] as store:
-            results = tune_model(model, store, args.trials, scheduler=args.scheduler, seed=args.seed,
-                                 timeout=args.timeout, time_budget=args.time_budget, callbacks=progress,
-                                 notify=lambda line: print(f"ansor: {line}", file=sys.stderr))
+            before = spent_trials(model, store)
+            if before:
+                print(f"ansor: resuming: the database holds {before} records of this model's {len(model.tasks)} "
+                      f"tasks (never measured again); this run measures {args.trials} more", file=sys.stderr)
+            results = tune_model(model, store, args.trials, resume=False, scheduler=args.scheduler, seed=args.seed,
+                                 timeout=args.timeout, time_budget=args.time_budget, callbacks=progress)
+            added = spent_trials(model, store) - before
     except KeyboardInterrupt as exc:
         measured = sum(r.trials for r in getattr(exc, "results", None) or [])
         what = "terminated" if isinstance(exc, Terminated) else "interrupted"
@@ -528,53 +695,35 @@ def cmd_tune_model(args) -> int:
               f"(the same command continues from them)", file=sys.stderr)
         return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
     total = estimated_latency(model, results)
-    console.print(f"measured {sum(r.trials for r in results)} programs; estimated model latency "
+    measured = sum(r.trials for r in results)
+    confirmed = f"; the leaders measured again to confirm: {added} records added" if added > measured else ""
+    console.print(f"{measured} programs measured{confirmed}; estimated model latency "
                   f"{format_seconds(total) if math.isfinite(total) else 'unknown (a task has no program)'}; "
                   f"`ansor run-model {args.model}` runs it")
     return 0
 
 
 def cmd_run_model(args) -> int:
-    import numpy as np
-
+    """An ONNX model built with its records, checked against the numpy executor and onnxruntime,
+    timed in turns with onnxruntime (`compare.compare_compiled`); exit 1 when the output is wrong."""
     import ansor
-    from ansor.baselines import time_in_turns
+    from ansor.compare import compare_compiled, load_model, model_inputs
+    from ansor.report import console
     from ansor.store import open_store
-    from ansor.graph.reference import run_graph
-    from ansor.report import comparison_table, console
 
-    graph = _load_model(args.model)
+    graph = load_model(args.model)
     db_path = args.database or str(ansor.default_database_path())
     with open_store(db_path, create=False)[0] as db:
         compiled = ansor.build(graph, database=db, winograd=not args.no_winograd)
     console.print(compiled.summary())
-    rng = np.random.default_rng(0)
-    inputs = [_random_input(rng, graph.types[name]) for name in graph.inputs]
-    got = compiled(*inputs)
-    got = list(got) if isinstance(got, tuple) else [got]
-    for k, (g, w) in enumerate(zip(got, run_graph(graph, inputs))):
-        rms = float(np.sqrt(np.mean(np.square(w.astype(np.float64))))) or 1.0
-        err = float(np.max(np.abs(g.astype(np.float64) - w))) / rms if w.size else 0.0
-        if err > 1e-3:
-            console.print(f"[red]output {k} disagrees with the reference executor: max error {err:.2e} of its RMS[/]")
-            return 1
-    fns = {"ansor": lambda: compiled(*inputs)}
-    try:
-        import onnxruntime
-
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = os.cpu_count() or 1
-        session = onnxruntime.InferenceSession(args.model, options, providers=["CPUExecutionProvider"])
-        feed = {i.name: x for i, x in zip(session.get_inputs(), inputs)}
-        fns["onnxruntime"] = lambda: session.run(None, feed)
-    except ImportError:
-        pass
-    timings = time_in_turns(fns, rounds=args.rounds)
-    rows = [(name, t.median, f"spread {t.spread:.0%}") for name, t in timings.items()]
-    console.print(comparison_table(f"{args.model}, checked against the reference executor; timed in turns "
-                                   f"({args.rounds} rounds, medians)", 0, rows))
+    result = compare_compiled(args.model, graph, compiled, rounds=args.rounds,
+                              skip=("numpy", "torch", "torch.compile"))
+    console.print(result.table())
+    console.print(result.checked)
+    for line in result.lines():
+        console.print(line, markup=False, highlight=False)
     if args.profile:
-        for name, kind, seconds in compiled.profile(*inputs):
+        for name, kind, seconds in compiled.profile(*model_inputs(graph)):
             console.print(f"{seconds * 1e3:9.3f} ms  {kind:8s} {name}")
     return 0
 
@@ -583,26 +732,20 @@ def cmd_compare(args) -> int:
     """A workload or an ONNX model beside numpy/PyTorch/onnxruntime: checked, timed in turns,
     printed as one table (and drawn with -o); exit 1 when ansor's output is wrong."""
     import ansor
-    from ansor.compare import WrongResultError, compare_model, compare_workload
+    from ansor.compare import compare_model, compare_workload
     from ansor.report import console
 
-    if args.rounds < 1:
-        raise ValueError("--rounds must be at least 1")
     db_path = args.database or str(ansor.default_database_path())
     skip = set(args.skip)
-    try:
-        if args.what.endswith(".onnx"):
-            given = [f"--{k}" for k in ("shape", *WORKLOAD_OPTIONS) if getattr(args, k) is not None]
-            if given:
-                raise ValueError(f"{', '.join(given)} describe a named workload; a model's shapes are in its file")
-            result = compare_model(args.what, database=db_path, rounds=args.rounds, skip=skip)
-        else:
-            options = {k: getattr(args, k) for k in WORKLOAD_OPTIONS}
-            result = compare_workload(args.what, args.shape, args.dtype, options, database=db_path,
-                                      rounds=args.rounds, skip=skip)
-    except WrongResultError as exc:
-        console.print(f"[red]{exc}[/]")
-        return 1
+    if args.what.endswith(".onnx"):
+        given = [f"--{k}" for k in ("shape", *WORKLOAD_OPTIONS) if getattr(args, k) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} describe a named workload; a model's shapes are in its file")
+        result = compare_model(args.what, database=db_path, rounds=args.rounds, skip=skip)
+    else:
+        options = {k: getattr(args, k) for k in WORKLOAD_OPTIONS}
+        result = compare_workload(args.what, args.shape, args.dtype, options, database=db_path,
+                                  rounds=args.rounds, skip=skip)
     console.print(result.table())
     console.print(f"{result.checked}; records: {db_path}")
     for line in result.lines():
@@ -611,16 +754,6 @@ def cmd_compare(args) -> int:
         result.save_chart(args.output)
         console.print(f"bar chart saved to {args.output}")
     return 0
-
-
-def _random_input(rng, t):
-    import numpy as np
-
-    if np.dtype(t.dtype).kind in "iu":
-        return rng.integers(0, 2, size=t.shape).astype(t.dtype)  # token ids and masks: small valid values
-    if t.dtype == "bool":
-        return rng.random(t.shape) < 0.5
-    return rng.standard_normal(t.shape).astype(t.dtype)
 
 
 def cmd_show(args) -> int:
@@ -638,7 +771,7 @@ def cmd_show(args) -> int:
                 n = len({r["workload_key"] for r in summary})
                 print(f"ansor: no workload matches {args.workload!r} ({n} workload{'' if n == 1 else 's'} "
                       f"in {path})", file=sys.stderr)
-                return 1
+                return EXIT_ERROR
             console.print(f"no records in {path}")
             return 0
         console.print(summary_table(rows))
@@ -683,8 +816,8 @@ def cmd_costmodel(args) -> int:
 
         info = provenance()
         if info is None:
-            console.print("no pretrained model in this installation")
-            return 1
+            print("ansor: error: no pretrained model in this installation", file=sys.stderr)
+            return EXIT_ERROR
         console.print(f"pretrained model {model_file()}:")
         for key, value in info.items():
             console.print(f"  {key:16s} {json.dumps(value) if isinstance(value, (dict, list)) else value}")
@@ -720,6 +853,10 @@ def cmd_import(args) -> int:
     import ansor
     from ansor.store import open_store
 
+    if os.path.isdir(args.path):
+        raise IsADirectoryError(f"{args.path}: a directory, not a JSON-lines file")
+    with open(args.path, "rb"):  # a missing or unreadable file fails here, before a database is created
+        pass
     with open_store(args.database or ansor.default_database_path())[0] as db:
         n = db.import_jsonl(args.path)
     print(f"imported {n} new records from {args.path}")

@@ -17,6 +17,10 @@ GFLOP/s, ansor's speedup over each) and a bar chart.
 - `compare_calls(...)`: the same for any callables, for programs that declare their own
   computation (the tutorials do).
 
+`ansor tune`'s closing table (`compare_task`) and `ansor run-model` (`compare_compiled`) are
+these same comparisons. A GPU program run by an OpenCL implementation on this CPU (PoCL) is
+checked and timed, but its time says nothing of a GPU's: its table has no speedup column.
+
 A tool that is not installed, or fails on the computation, is left out with a note saying why;
 it never stops the comparison.
 """
@@ -40,6 +44,15 @@ BASELINES = ("numpy", "torch", "torch.compile", "onnxruntime")
 #: The row of each baseline in the table.
 ROW_NAMES = {"numpy": "numpy", "torch": "PyTorch eager", "torch.compile": "torch.compile",
              "onnxruntime": "onnxruntime"}
+
+
+#: (outputs, expected outputs) -> None when they agree, else what differs.
+Check = Callable[[Sequence[np.ndarray], Sequence[np.ndarray]], "str | None"]
+
+#: A whole model's output may differ from the reference by this share of the reference's RMS:
+#: float32 rounding over many layers (and Winograd's transforms) moves single elements more
+#: than one kernel's element-wise tolerance allows, while a wrong kernel moves them by far more.
+MODEL_TOLERANCE = 1e-3
 
 
 class WrongResultError(ValueError):
@@ -68,6 +81,7 @@ class Comparison:
     skipped: list[str] = field(default_factory=list)
     checked: str = ""
     rounds: int = 0
+    correctness_only: str = ""  # why ansor's time is no speed figure (e.g. a GPU emulated); no ratios then
 
     @property
     def ansor(self) -> Entry:
@@ -92,21 +106,26 @@ class Comparison:
 
         from ansor.report import format_seconds
 
-        table = Table(title=self.title)
-        for col in ("implementation", "time (median)", "spread", "GFLOP/s", "ansor speedup", "note"):
-            table.add_column(col, justify="left" if col in ("implementation", "note") else "right")
+        table = Table(title=self.title, caption=self.correctness_only or None)
+        columns = ("implementation", "time (median)", "spread", "GFLOP/s", "ansor speedup", "note")
+        for col in columns:
+            if col != "ansor speedup" or not self.correctness_only:
+                table.add_column(col, justify="left" if col in ("implementation", "note") else "right")
         for e in self.entries:
             gf = self.gflops(e)
-            table.add_row(e.name, format_seconds(e.seconds), f"{e.spread:.0%}", "-" if gf is None else f"{gf:.1f}",
-                          "-" if e is self.ansor else f"{self.speedup(e):.2f}x", e.note)
+            cells = [e.name, format_seconds(e.seconds), f"{e.spread:.0%}", "-" if gf is None else f"{gf:.1f}"]
+            if not self.correctness_only:
+                cells.append("-" if e is self.ansor else f"{self.speedup(e):.2f}x")
+            table.add_row(*cells, e.note)
         return table
 
     def lines(self) -> list[str]:
-        """The verdicts as plain lines, one per baseline timed, then one per baseline skipped."""
+        """The verdicts as plain lines, one per baseline timed (where `correctness_only`, that
+        note instead: no verdict of speed), then one per baseline skipped."""
         from ansor.report import format_seconds
 
-        out = []
-        for e in self.entries[1:]:
+        out = [self.correctness_only] if self.correctness_only else []
+        for e in self.entries[1:] if not self.correctness_only else ():
             s = self.speedup(e)
             verdict = f"{s:.2f}x faster" if s >= 1 else f"{1 / s:.2f}x slower"
             out.append(f"ansor vs {e.name}: ansor {verdict} ({format_seconds(self.ansor.seconds)} vs "
@@ -116,7 +135,7 @@ class Comparison:
 
     def save_chart(self, path: str) -> str:
         """A bar chart of the median times (shorter is faster), each bar labelled with its time
-        and ansor's speedup over it; saved as a PNG at `path`."""
+        and ansor's speedup over it (none where `correctness_only`); saved as a PNG at `path`."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -132,9 +151,10 @@ class Comparison:
         ax.set_yticks(range(len(names)), names)
         ax.invert_yaxis()
         ax.set_xlabel("median time per call, ms (shorter is faster)")
-        ax.set_title(self.title, fontsize=9)
+        ax.set_title(self.title + (f"\n{self.correctness_only}" if self.correctness_only else ""), fontsize=9)
         for bar, e in zip(bars, self.entries):
-            label = format_seconds(e.seconds) + ("" if e is self.ansor else f"  (ansor {self.speedup(e):.2f}x)")
+            ratio = "" if e is self.ansor or self.correctness_only else f"  (ansor {self.speedup(e):.2f}x)"
+            label = format_seconds(e.seconds) + ratio
             ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + label, va="center", fontsize=8)
         ax.set_xlim(0, max(ms) * 1.45)
         ax.grid(axis="x", alpha=0.3)
@@ -146,8 +166,11 @@ class Comparison:
 
 def compare_calls(title: str, flop: float, ansor_call: Callable[[], Any], reference: Sequence[np.ndarray],
                   baselines: Mapping[str, Callable[[], Any] | None] | None = None,
-                  notes: Mapping[str, str] | None = None, skipped: Sequence[str] = (), rounds: int = 7, min_repeat_s: float = 0.05,
-                  ansor_name: str = "ansor", rtol: float | None = None) -> Comparison:
+                  notes: Mapping[str, str] | None = None, skipped: Sequence[str] = (), rounds: int = 7,
+                  min_repeat_s: float = 0.05, ansor_name: str = "ansor", rtol: float | None = None,
+                  check: Check | None = None, reference_name: str = "the reference",
+                  also_check: Mapping[str, Sequence[np.ndarray]] | None = None,
+                  correctness_only: str = "") -> Comparison:
     """Check every call's output against `reference`, then time them in turns.
 
     ansor's output must match (else WrongResultError, and nothing is timed); a baseline that
@@ -168,13 +191,24 @@ def compare_calls(title: str, flop: float, ansor_call: Callable[[], Any], refere
         ansor_name: The name of ansor's row.
         rtol: The relative tolerance of ansor's check (None: the dtype's default); a long
             float32 reduction needs more (`ansor.measure.check.reduction_rtol`).
+        check: (outputs, expected) -> None or what differs, for every check instead of the
+            element-wise tolerances (a whole model's: `model_check`).
+        reference_name: What `reference` is, in the messages ("the numpy reference executor").
+        also_check: Other references ansor's output must match too, by name (onnxruntime's
+            output of the same model file), else WrongResultError naming it.
+        correctness_only: When set, why ansor's time is no speed figure (a GPU program on an
+            OpenCL implementation that runs on this CPU): the table shows no speedups.
     """
     from ansor.measure import check_outputs
 
     baselines, notes = baselines or {}, notes or {}
-    problem = check_outputs(_outputs(ansor_call()), list(reference), rtol=rtol)
-    if problem:
-        raise WrongResultError(f"{ansor_name} disagrees with the reference: {problem}")
+    ansor_check = check or (lambda out, exp: check_outputs(out, exp, rtol=rtol))
+    baseline_check = check or (lambda out, exp: check_outputs(out, exp, rtol=1e-3, atol=1e-3))
+    got = _outputs(ansor_call())
+    for name, expected in {reference_name: reference, **(also_check or {})}.items():
+        problem = ansor_check(got, list(expected))
+        if problem:
+            raise WrongResultError(f"{ansor_name} disagrees with {name}: {problem}")
     calls: dict[str, Callable[[], Any]] = {ansor_name: ansor_call}
     left_out = list(skipped)
     for name, call in baselines.items():
@@ -182,20 +216,25 @@ def compare_calls(title: str, flop: float, ansor_call: Callable[[], Any], refere
             left_out.append(f"{name}: {notes.get(name, 'not available')}")
             continue
         try:
-            problem = check_outputs(_outputs(call()), list(reference), rtol=1e-3, atol=1e-3)
+            problem = baseline_check(_outputs(call()), list(reference))
         except Exception as exc:  # a baseline that cannot run this computation is a note, not a crash
             left_out.append(f"{name}: failed ({type(exc).__name__}: {_first_line(exc)})")
             continue
         if problem:
-            left_out.append(f"{name}: its output disagrees with the reference ({problem})")
+            left_out.append(f"{name}: its output disagrees with {reference_name} ({problem})")
             continue
         calls[name] = call
     # onnxruntime's threads slow the turn after its own for a while (BENCHMARKS.md): pause first
     pause = ORT_PAUSE_S if "onnxruntime" in calls else 0.0
     timings = time_in_turns(calls, rounds=rounds, min_repeat_s=min_repeat_s, pause_s=pause)
     entries = [Entry(name, t.median, t.spread, notes.get(name, "")) for name, t in timings.items()]
-    return Comparison(f"{title}; timed in turns ({rounds} rounds, medians)", flop, entries, left_out,
-                      "every output checked against the reference before timing", rounds)
+    if also_check:
+        checked = (f"{ansor_name}'s output checked against {' and '.join([reference_name, *also_check])}, every "
+                   f"baseline's against {reference_name}, before timing")
+    else:
+        checked = f"every output checked against {reference_name} before timing"
+    return Comparison(f"{title}; timed in turns ({rounds} rounds, medians)", flop, entries, left_out, checked,
+                      rounds, correctness_only)
 
 
 def torch_calls(fn: Callable[..., Any], inputs: Sequence[np.ndarray], skip: Collection[str] = ()
@@ -254,15 +293,29 @@ def compare_workload(name: str, shape: Sequence[int] | None = None, dtype: str =
         quick_trials: Programs the quick search measures when there is no record (None: the
             default of `ansor.build`; 0: the untuned default schedule).
     """
-    import ansor
-    from ansor.store import open_store
-    from ansor.measure.check import task_rtol
-    from ansor.tuning.quick import has_record
-    from ansor.workloads import WORKLOADS, make_task, workload_options
+    from ansor.workloads import make_task
 
     _check_skip(skip)
-    options = dict(options or {})
-    task = make_task(name, shape, dtype, **options)
+    return compare_task(make_task(name, shape, dtype, **dict(options or {})), database, rounds, skip, quick_trials)
+
+
+def compare_task(task: Any, database: Any = None, rounds: int = 7, skip: Collection[str] = (),
+                 quick_trials: int | None = None) -> Comparison:
+    """`compare_workload` of a named workload's Task (`ansor.workloads.make_task`), on its own
+    target: what `ansor tune` prints after tuning. On an OpenCL implementation that runs on this
+    CPU the comparison is of correctness only (`emulation_note`)."""
+    import ansor
+    from ansor.measure.check import task_rtol
+    from ansor.store import open_store
+    from ansor.tuning.quick import has_record
+    from ansor.workloads import WORKLOADS, task_label, workload_options
+
+    _check_skip(skip)
+    spec = task.spec if isinstance(task.spec, dict) else {}
+    if spec.get("workload") not in WORKLOADS:
+        raise ValueError(f"{task.name!r} is not a named workload; compare a declared computation with "
+                         f"compare_calls")
+    name, options = spec["workload"], dict(spec.get("options") or {})
     w = WORKLOADS[name]
     kwargs = {} if quick_trials is None else {"quick_trials": quick_trials}
     db, owned = open_store(database)
@@ -294,7 +347,7 @@ def compare_workload(name: str, shape: Sequence[int] | None = None, dtype: str =
         else:
             skipped.append(f"numpy: no numpy implementation of {name}")
     if w.torch_fn is not None:
-        opts = workload_options(name, shape, **options)
+        opts = workload_options(name, spec.get("shape"), **options)
         fn = w.torch_fn
         calls, torch_notes = torch_calls(lambda *xs: fn(opts, *xs), inputs, skip)
         baselines.update(calls)
@@ -303,18 +356,86 @@ def compare_workload(name: str, shape: Sequence[int] | None = None, dtype: str =
         skipped.append(f"PyTorch: no PyTorch implementation of {name}")
     if "onnxruntime" not in skip:
         skipped.append("onnxruntime: compares models (`ansor compare model.onnx`), not named workloads")
-    dims = "x".join(map(str, task.spec["shape"]))
-    return compare_calls(f"{name} {dims} {dtype} on {task.target.key}", task.flop, kernel.prepared(*inputs),
-                         reference, baselines, notes, skipped, rounds,
-                         rtol=task_rtol(task))
+    dtype = spec.get("dtype", "float32")
+    return compare_calls(f"{task_label(task)}{' float32' if dtype == 'float32' else ''} on {task.target.key}",
+                         task.flop, kernel.prepared(*inputs), reference, baselines, notes, skipped, rounds,
+                         rtol=task_rtol(task), correctness_only=emulation_note(task.target))
+
+
+def emulation_note(target: Any) -> str:
+    """What a comparison on `target` can say when its device is emulated on this CPU (a GPU
+    program on PoCL or Oclgrind: its time says nothing of a GPU's); "" for real hardware."""
+    if getattr(target, "kind", None) != "opencl":
+        return ""
+    from ansor.backend.gpu import opencl_platform_of
+
+    emulator = {"Portable Computing Language": "PoCL", "Oclgrind": "Oclgrind"}.get(opencl_platform_of(target))
+    return f"{emulator}: correctness only, not a speed figure" if emulator else ""
+
+
+def load_model(path: str | os.PathLike[str]) -> Any:
+    """The graph of an .onnx file; a path that is not one, a missing file or a file that is not
+    an ONNX model is a one-line error naming the file (ValueError, FileNotFoundError)."""
+    from ansor.graph import from_onnx
+
+    path = str(path)
+    if not path.endswith(".onnx"):
+        raise ValueError(f"{path}: give an .onnx file (PyTorch models: ansor.graph.from_torch in Python)")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path}: a directory, not an ONNX file")
+    try:
+        return from_onnx(path)
+    except onnx_errors() as exc:
+        raise ValueError(f"{path}: not a readable ONNX model ({_first_line(exc)})") from None
+
+
+def onnx_errors() -> tuple[type[BaseException], ...]:
+    """What reading a file that is no ONNX model raises: protobuf's decoding error, onnx's
+    checker and shape-inference errors (none without onnx)."""
+    found: list[type[BaseException]] = []
+    try:
+        from google.protobuf.message import Error as ProtobufError
+
+        found.append(ProtobufError)
+    except ImportError:
+        pass
+    try:
+        from onnx.checker import ValidationError
+        from onnx.shape_inference import InferenceError
+
+        found += [ValidationError, InferenceError]
+    except ImportError:
+        pass
+    return tuple(found)
+
+
+def model_check(outputs: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> str | None:
+    """None when each output is within MODEL_TOLERANCE of its reference's RMS everywhere (a NaN
+    never is), else the worst output's error."""
+    if len(outputs) != len(expected):
+        return f"got {len(outputs)} outputs, expected {len(expected)}"
+    for k, (got, want) in enumerate(zip(outputs, expected)):
+        got, want = np.asarray(got), np.asarray(want)
+        if got.shape != want.shape:
+            return f"output {k} has shape {got.shape}, expected {want.shape}"
+        if not want.size:
+            continue
+        wide = want.astype(np.float64)
+        rms = float(np.sqrt(np.mean(np.square(wide)))) or 1.0
+        err = float(np.max(np.abs(got.astype(np.float64) - wide))) / rms
+        if not err <= MODEL_TOLERANCE:
+            return f"output {k}: max error {err:.2e} of the reference's RMS (tolerance {MODEL_TOLERANCE:g})"
+    return None
 
 
 def compare_model(path: str, database: Any = None, rounds: int = 7, skip: Collection[str] = (),
-                  module: Any = None, seed: int = 0) -> Comparison:
+                  module: Any = None, seed: int = 0, winograd: bool = True) -> Comparison:
     """An ONNX model compiled with the records of `database` (untuned default schedules for
-    tasks without one), checked against the numpy reference executor and timed in turns beside
-    it, onnxruntime on the same file, and, when `module` (the torch.nn.Module the file was
-    exported from) is given, PyTorch eager and torch.compile.
+    tasks without one), checked against the numpy reference executor and onnxruntime, and timed
+    in turns beside them, and, when `module` (the torch.nn.Module the file was exported from) is
+    given, PyTorch eager and torch.compile (see `compare_compiled`).
 
     Args:
         path: An .onnx file with static input shapes.
@@ -324,44 +445,59 @@ def compare_model(path: str, database: Any = None, rounds: int = 7, skip: Collec
         skip: Baselines to leave out, from `BASELINES`.
         module: The PyTorch module the file holds, for the PyTorch rows (None: no PyTorch rows).
         seed: Seed of the random inputs.
+        winograd: As in `ansor.build`: 3x3 convolutions in Winograd form (as they were tuned).
     """
     import ansor
     from ansor.records import RecordStore
     from ansor.store import default_database_path, open_store
-    from ansor.graph import from_onnx
-    from ansor.graph.reference import run_graph
 
     _check_skip(skip)
-    if not str(path).endswith(".onnx"):
-        raise ValueError(f"{path}: give an .onnx file (PyTorch models: ansor.graph.from_torch in Python)")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such file")
-    graph = from_onnx(str(path))
-    notes: dict[str, str] = {}
+    graph = load_model(path)
+    note = ""
     if isinstance(database, RecordStore):
-        compiled = ansor.build(graph, database=database, verbose=False)
+        compiled = ansor.build(graph, database=database, verbose=False, winograd=winograd)
     else:
         db_path = str(database) if database is not None else str(default_database_path())
         if os.path.exists(db_path):
             store, _ = open_store(db_path, create=False)
         else:
             store, _ = open_store(":memory:")
-            notes["ansor"] = f"no database at {db_path}: "
+            note = f"no database at {db_path}: "
         with store:
-            compiled = ansor.build(graph, database=store, verbose=False)
+            compiled = ansor.build(graph, database=store, verbose=False, winograd=winograd)
+    return compare_compiled(str(path), graph, compiled, rounds, skip, module, seed, note)
+
+
+def compare_compiled(path: str, graph: Any, compiled: Any, rounds: int = 7, skip: Collection[str] = (),
+                     module: Any = None, seed: int = 0, note: str = "") -> Comparison:
+    """A compiled model (`ansor.build` of `graph`, read from the .onnx file `path`) on random
+    inputs: its output checked against the numpy reference executor and, unless skipped,
+    onnxruntime's on the same file (WrongResultError when it disagrees with either), then timed
+    in turns beside the baselines not in `skip`. `note` starts ansor's row note."""
+    import ansor
+    from ansor.graph.reference import run_graph
+
+    _check_skip(skip)
+    notes: dict[str, str] = {}
     tuned = sum(1 for k in compiled.kernels.values() if k.record is not None)
-    notes["ansor"] = notes.get("ansor", "") + (f"{tuned} of {len(compiled.kernels)} kernels tuned, "
-                                               f"{len(compiled.tasks.fallbacks)} subgraphs on numpy")
-    rng = np.random.default_rng(seed)
-    inputs = [_random_input(rng, graph.types[name]) for name in graph.inputs]
+    notes["ansor"] = note + (f"{tuned} of {len(compiled.kernels)} kernels tuned, "
+                             f"{len(compiled.tasks.fallbacks)} subgraphs on numpy")
+    inputs = model_inputs(graph, seed)
     reference = run_graph(graph, inputs)
     baselines: dict[str, Callable[[], Any] | None] = {}
+    also_check: dict[str, Sequence[np.ndarray]] = {}
     skipped = []
     if "numpy" not in skip:
         baselines["numpy"] = lambda: run_graph(graph, inputs)
         notes["numpy"] = "ansor's reference executor, one numpy call per operator"
     if "onnxruntime" not in skip:
-        baselines["onnxruntime"] = _onnxruntime_call(str(path), inputs, notes)
+        ort = baselines["onnxruntime"] = _onnxruntime_call(path, inputs, notes)
+        if ort is not None:
+            try:
+                also_check["onnxruntime"] = _outputs(ort())
+            except Exception as exc:  # a file onnxruntime cannot run is a note, not a crash
+                notes["onnxruntime"] = f"cannot run the file ({_first_line(exc)})"
+                baselines["onnxruntime"] = None
     if module is not None:
         calls, torch_notes = torch_calls(module.eval() if hasattr(module, "eval") else module, inputs, skip)
         baselines.update(calls)
@@ -370,9 +506,16 @@ def compare_model(path: str, database: Any = None, rounds: int = 7, skip: Collec
         skipped.append("PyTorch: an .onnx file holds no PyTorch module (in Python: compare_model(path, "
                        "module=...))")
     flop = sum(t.flop * w for t, w in zip(compiled.tasks.tasks, compiled.tasks.weights))
-    return compare_calls(f"{os.path.basename(str(path))} on {ansor.Target.host().key}", flop,
+    return compare_calls(f"{os.path.basename(path)} on {ansor.Target.host().key}", flop,
                          lambda: compiled(*inputs), reference, baselines, notes, skipped, rounds,
-                         min_repeat_s=0.2)
+                         min_repeat_s=0.2, check=model_check, reference_name="the numpy reference executor",
+                         also_check=also_check)
+
+
+def model_inputs(graph: Any, seed: int = 0) -> list[np.ndarray]:
+    """Random inputs of a model graph, one per graph input, reproducible from `seed`."""
+    rng = np.random.default_rng(seed)
+    return [random_input(rng, graph.types[name]) for name in graph.inputs]
 
 
 def _onnxruntime_call(path: str, inputs: Sequence[np.ndarray], notes: dict[str, str]) -> Callable[[], Any] | None:
@@ -393,7 +536,8 @@ def _onnxruntime_call(path: str, inputs: Sequence[np.ndarray], notes: dict[str, 
     return lambda: session.run(None, feed)
 
 
-def _random_input(rng: np.random.Generator, t: Any) -> np.ndarray:
+def random_input(rng: np.random.Generator, t: Any) -> np.ndarray:
+    """A random value of a model input's type: small valid ids for integers, normal floats."""
     if np.dtype(t.dtype).kind in "iu":
         return rng.integers(0, 2, size=t.shape).astype(t.dtype)  # token ids and masks: small valid values
     if t.dtype == "bool":

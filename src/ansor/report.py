@@ -8,18 +8,24 @@ import time
 from typing import Sequence
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ansor.tuning.callbacks import TuningCallback
 from ansor.measure.errors import MeasureErrorNo
+from ansor.tuning.callbacks import TuningCallback
+from ansor.workloads import task_label, workload_label
 
 console = Console(width=None if sys.stdout.isatty() else 110)
 
 
 class TuneProgress(TuningCallback):
     """What a tuning job is doing, per program: a live line per task (phase, programs measured,
-    best so far) on a terminal; one plain line per round otherwise (CI, a log file)."""
+    best so far) on a terminal; one plain line per round otherwise (CI, a log file).
+
+    `total` is the job's trials: the denominator of a single task's line, or of the line of the
+    whole job above the tasks' when several are tuned (each task then shows the programs it
+    measured, with no denominator: the scheduler decides how many it gets). "best so far" is the
+    search's figure; the best after the leaders are measured again replaces it at the end."""
 
     def __init__(self, total: int = 0, enabled: bool = True, stream=None, timeout: float | None = None):
         self.total = total
@@ -29,22 +35,40 @@ class TuneProgress(TuningCallback):
         self.live = self.enabled and self._console.is_terminal
         self._progress: Progress | None = None
         self._rows: dict[int, int] = {}  # id(tuner) -> progress row
+        self._job_row: int | None = None  # the whole job's row, when several tasks are tuned
         self._tuners: list = []           # every task of the job, in start order
         self._ended = 0
         self._started = time.time()
 
     def _row(self, tuner) -> int:
+        """The tuner's row; the rows are made at the first phase, once every task has started,
+        so that the job's row comes first."""
         if self._progress is None:
             self._progress = Progress(
-                TextColumn("[bold]{task.description}[/]"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[phase]:9s} best {task.fields[best]}"), TimeElapsedColumn(),
+                TextColumn("[bold]{task.description}[/]"), BarColumn(), TextColumn("{task.fields[count]}"),
+                TextColumn("{task.fields[phase]:9s} {task.fields[best]}"), TimeElapsedColumn(),
                 console=self._console, transient=False)
             self._progress.start()
-        key = id(tuner)
-        if key not in self._rows:
-            self._rows[key] = self._progress.add_task(tuner.task.label, total=self.total or None,
-                                                      phase="", best="-")
-        return self._rows[key]
+            if len(self._tuners) > 1:
+                self._job_row = self._progress.add_task(f"all {len(self._tuners)} tasks", total=self.total or None,
+                                                        count=self._job_count(), phase="", best="")
+            for t in self._tuners:
+                self._rows[id(t)] = self._progress.add_task(
+                    task_label(t.task), total=(self.total or None) if self._job_row is None else None,
+                    count=self._count(t), phase="", best="")
+        return self._rows[id(tuner)]
+
+    def _measured(self) -> int:
+        return sum(t.result.trials for t in self._tuners)
+
+    def _job_count(self) -> str:
+        return f"{self._measured()}/{self.total}" if self.total else f"{self._measured()} programs"
+
+    def _count(self, tuner) -> str:
+        n = tuner.result.trials
+        if self.total and len(self._tuners) == 1:
+            return f"{n}/{self.total}"
+        return f"{n} program{'s' if n != 1 else ''}"
 
     def on_start(self, tuner) -> None:
         res = tuner.result
@@ -61,29 +85,34 @@ class TuneProgress(TuningCallback):
                              f"workloads in the database{base}")
         elif base:
             self.note(tuner, "cost model starts from the pretrained model")
-        if self.live:
-            self._row(tuner)
 
     def on_phase(self, tuner, phase: str) -> None:
         if self.live:
-            self._progress.update(self._row(tuner), phase=phase)
+            row = self._row(tuner)  # makes the display first
+            self._progress.update(row, phase=phase)
 
     def on_result(self, tuner, result) -> None:
         if self.live:
-            res = tuner.result
-            self._progress.update(self._row(tuner), completed=res.trials, best=best_text(res))
+            res, row = tuner.result, self._row(tuner)
+            self._progress.update(row, completed=res.trials, count=self._count(tuner),
+                                  best=f"best so far {best_text(res)}")
+            if self._job_row is not None:
+                self._progress.update(self._job_row, completed=self._measured(), count=self._job_count())
 
     def on_round_end(self, tuner, results) -> None:
         if self.enabled and not self.live:
             res = tuner.result
             errors = f", {error_summary(res.error_counts, self.timeout)}" if res.errors else ""
-            self._console.print(f"{tuner.task.label}: round {tuner.job_rounds}, {res.trials} program{'s' if res.trials != 1 else ''} measured, "
-                                f"best {best_text(res)}{errors} ({time.time() - self._started:.0f} s)",
+            job = f"; job {self._job_count()}" if len(self._tuners) > 1 else ""
+            self._console.print(f"{task_label(tuner.task)}: round {tuner.job_rounds}, {res.trials} "
+                                f"program{'s' if res.trials != 1 else ''} measured, best so far "
+                                f"{best_text(res)}{errors}{job} ({time.time() - self._started:.0f} s)",
                                 markup=False, highlight=False, soft_wrap=True)
 
     def on_end(self, tuner) -> None:
         if self._progress is not None:
-            self._progress.update(self._row(tuner), phase="done")
+            # the job's best now: its leaders were measured again and their runs pooled
+            self._progress.update(self._row(tuner), phase="done", best=f"best {best_text(tuner.result)}")
             self._rows.pop(id(tuner), None)
             if not self._rows:
                 self._progress.stop()
@@ -93,7 +122,7 @@ class TuneProgress(TuningCallback):
             self._console.print(task_table(self._tuners))
 
     def note(self, tuner, text: str) -> None:
-        self._console.print(f"[yellow]{tuner.task.label}: {text}[/]")
+        self._console.print(f"[yellow]{task_label(tuner.task)}: {text}[/]")
 
 
 def task_table(tuners: Sequence) -> Table:
@@ -107,7 +136,7 @@ def task_table(tuners: Sequence) -> Table:
     for t in tuners:
         res = t.result
         share = f"{t.weight * t.best_cost / total:.0%}" if math.isfinite(total) and total > 0 else "-"
-        table.add_row(t.task.label, f"{t.weight:g}", format_seconds(t.best_cost),
+        table.add_row(task_label(t.task), f"{t.weight:g}", format_seconds(t.best_cost),
                       f"{res.best_gflops:.1f}" if res.best_cost < math.inf else "-", str(res.trials), share)
     return table
 
@@ -147,6 +176,8 @@ def error_summary(counts, timeout: float | None = None) -> str:
 def format_seconds(sec: float | None) -> str:
     if sec is None or not math.isfinite(sec):
         return "-"
+    if sec < 1e-6:
+        return f"{sec * 1e9:.1f} ns"
     if sec < 1e-3:
         return f"{sec * 1e6:.1f} us"
     if sec < 1:
@@ -154,29 +185,19 @@ def format_seconds(sec: float | None) -> str:
     return f"{sec:.3f} s"
 
 
-def comparison_table(title: str, flop: float, rows: Sequence[tuple[str, float | None, str]]) -> Table:
-    """Rows of (implementation, seconds, note) with GFLOP/s; "ansor speedup" is each row's time
-    over the first row's (above 1: ansor, the first row, is faster)."""
-    table = Table(title=title)
-    table.add_column("implementation")
-    table.add_column("time", justify="right")
-    table.add_column("GFLOP/s", justify="right")
-    table.add_column("ansor speedup", justify="right")
-    table.add_column("note")
-    base = rows[0][1] if rows else None
-    for name, sec, note in rows:
-        gf = f"{flop / sec / 1e9:.1f}" if sec and math.isfinite(sec) and flop else "-"
-        ratio = f"{sec / base:.2f}x" if sec and base and math.isfinite(sec) and math.isfinite(base) else "-"
-        table.add_row(name, format_seconds(sec), gf, ratio if name != rows[0][0] else "-", note)
-    return table
+def format_bytes(n: float) -> str:
+    """Bytes in the largest binary unit that keeps a number >= 1 (KiB, MiB, ... EiB)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} EiB"
 
 
 def summary_table(summary: list[dict]) -> Table:
     """One row per workload and target: the best program by the median of its runs (the tuner
     measures its leaders again, and one lucky run must not make a best), how far its runs
     spread ((max - min) / median) and over how many runs, and the number of records."""
-    from ansor.workloads import workload_label
-
     table = Table(title="ansor records: best per workload and target")
     right = ("records", "ok", "best (median)", "spread (runs)", "GFLOP/s")
     for col in ("workload", "key", "target", "records", "ok", "best (median)", "spread (runs)", "GFLOP/s"):

@@ -283,6 +283,12 @@ def workload_label(description: dict | None) -> str:
     return name if isinstance(name, str) else "?"
 
 
+def task_label(task) -> str:
+    """The label of a task in tuning output: `workload_label` of a named workload (its name
+    and full shape, as `ansor show` prints it), else the task's name and output shape."""
+    return workload_label({"spec": task.spec}) if isinstance(task.spec, dict) else task.label
+
+
 def _dims(shape) -> str:
     if not isinstance(shape, list):
         return ""
