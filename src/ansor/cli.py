@@ -866,8 +866,9 @@ def cmd_import(args) -> int:
 def cmd_pretrain(args) -> int:
     from ansor.pretrain.command import run_pretrain
     from ansor.report import TuneProgress
+    from ansor.store import open_store
 
-    return run_pretrain(args, progress=TuneProgress)
+    return run_pretrain(args, open_store, progress=TuneProgress)
 
 
 if __name__ == "__main__":

@@ -174,7 +174,8 @@ def _run_data_set(case: Case, inputs: Sequence[np.ndarray], expected: Sequence[n
     except Exception as exc:  # anything else is a crash: counted against us, never a pass
         return Verdict(case.name, op, "wrong", f"crash while importing/building: {type(exc).__name__}: {_one_line(exc)}")
     try:
-        got = run(*[value for name, value in given.items() if name not in bound])
+        got = run(*[value for name, value in given.items()
+                    if name not in bound and not (isinstance(value, np.ndarray) and value.size == 0)])
     except refusals as exc:
         return Verdict(case.name, op, "refused", _one_line(exc))
     except Exception as exc:
@@ -226,9 +227,13 @@ def summarize(verdicts: Iterable[Verdict]) -> dict[str, Counter]:
 
 
 def float32_only(case: Case) -> bool:
-    """Whether every input and output of the case is float32 (the figure the bars use)."""
+    """Whether the case computes in float32: every tensor is an array, every floating one is
+    float32 (integer indices and shapes beside them are allowed), and there is one."""
     arrays = [a for ins, outs in case.data_sets for a in (*ins, *outs)]
-    return bool(arrays) and all(np.asarray(a).dtype == np.float32 for a in arrays)
+    if not arrays or not all(isinstance(a, np.ndarray) for a in arrays):
+        return False
+    floats = [a for a in arrays if a.dtype.kind == "f"]
+    return bool(floats) and all(a.dtype == np.float32 for a in floats)
 
 
 def markdown_table(verdicts: Sequence[Verdict]) -> str:

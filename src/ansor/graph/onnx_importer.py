@@ -55,8 +55,10 @@ def from_onnx(model: Any, inputs: dict[str, Any] | None = None) -> Graph:
     `inputs` gives values for graph inputs that decide shapes (a Reshape's target shape, a
     Slice's starts, an Expand's shape, ...): they become constants of the graph, which then
     serves exactly those values. Without them, such an input is a `StaticInputRequired` error
-    naming it. Every operator, attribute, output and element type the importer does not run
-    exactly as ONNX defines it is an `UnsupportedOperatorError` naming it."""
+    naming it. An input with no elements (a shape with a 0) carries nothing but its type: it is
+    known at import and is not an input of the graph. Every operator, attribute, output and
+    element type the importer does not run exactly as ONNX defines it is an
+    `UnsupportedOperatorError` naming it."""
     import onnx
 
     if isinstance(model, (str, os.PathLike)):
@@ -87,6 +89,7 @@ class _OnnxImporter:
         self.known.update({name: np.asarray(value) for name, value in inputs.items()})
         self.values: dict[str, str] = {}    # ONNX value name -> graph value or constant name
         self._expansions = 0                 # function bodies expanded so far (unique prefixes)
+        self.empty_inputs: list[str] = []    # inputs without elements: known, not graph inputs
         self.opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=13)
 
     # ------------------------------------------------------------------------ the walk
@@ -105,13 +108,14 @@ class _OnnxImporter:
                 dims = [d.dim_param or "?" if not d.HasField("dim_value") else d.dim_value for d in t.shape.dim]
                 raise UnsupportedOperatorError(f"input {vi.name!r} has a dynamic shape {dims}; ansor compiles "
                                                f"for static shapes: export with fixed sizes")
-            if 0 in shape:
-                raise UnsupportedOperatorError(f"input {vi.name!r} is empty (shape {shape}); ansor compiles "
-                                               f"tensors with at least one element")
             dtype = str(np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)))
             if dtype not in SUPPORTED_DTYPES:
                 raise UnsupportedOperatorError(f"input {vi.name!r} has element type {dtype}; ansor computes in "
                                                f"{', '.join(SUPPORTED_DTYPES)}")
+            if 0 in shape:  # no elements: its value is known, and what reads it is folded at import
+                self.empty_inputs.append(vi.name)
+                self.known[vi.name] = np.empty(shape, dtype)
+                continue
             self.values[vi.name] = self.graph.add_input(_safe(vi.name), shape, dtype)
         for node in self.model.graph.node:
             self._import_node(node)
@@ -365,7 +369,8 @@ def _binary(imp: _OnnxImporter, node: Any) -> None:
     dtype = imp.dtype(a) if a in imp.values or a not in imp.known else imp.dtype(b)
     imp._check_dtype(node, dtype)
     if node.op_type == "Div" and dtype.startswith("int"):
-        imp._unsupported(node, "integer (truncating) form of")
+        imp.emit(node, "trunc_div", [_operand(imp, node, name, dtype) for name in (a, b)])
+        return
     if node.op_type == "Pow" and dtype not in ("float32", "float64"):
         imp._unsupported(node, f"{dtype} base of")
     imp.emit(node, _BINARY[node.op_type], [_operand(imp, node, name, dtype) for name in (a, b)])
@@ -545,7 +550,10 @@ def _gather(imp: _OnnxImporter, node: Any) -> None:
         part = imp.graph.add_node("slice", [imp.value(data)], {"axis": axis, "start": i, "end": i + 1, "step": 1})
         imp.emit(node, "reshape", [part], shape=shape[:axis] + shape[axis + 1:])
         return
-    imp._unsupported(node, "form of")
+    rank = len(imp.shape(data))
+    if not -rank <= axis < rank:
+        imp._unsupported(node, f"axis {axis} for rank {rank} of")
+    imp.emit(node, "take", [imp.value(data), imp.value(indices)], axis=axis % rank)
 
 
 @_handles("IsNaN")
@@ -588,6 +596,10 @@ def _batch_norm(imp: _OnnxImporter, node: Any) -> None:
 
 @_handles("LayerNormalization", attrs=("axis", "epsilon", "stash_type"))
 def _layer_norm(imp: _OnnxImporter, node: Any) -> None:
+    if any(node.output[1:]):  # the mean and inverse deviation too: the standard's own expansion
+        if not imp._expand(node):
+            imp._unsupported(node, "mean and inverse-deviation outputs of")
+        return
     rank = len(imp.shape(node.input[0]))
     axis = int(_attr(node, "axis", -1)) % rank
     inputs = [imp.value(n) for n in node.input if n]

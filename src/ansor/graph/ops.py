@@ -531,6 +531,23 @@ def _resize(types, attrs):
     return TensorType(tuple(int(d) for d in attrs["sizes"]), x.dtype)
 
 
+@_register("take", 2, {"axis": 0})
+def _take(types, attrs):
+    """np.take: the index tensor (any rank, negative counts from the end) replaces `axis`."""
+    x, index = types
+    axis = _axis(attrs["axis"], len(x.shape))
+    _check(index.dtype in ("int32", "int64"), f"take: integer index, got {index.dtype}")
+    return TensorType(x.shape[:axis] + index.shape + x.shape[axis + 1:], x.dtype)
+
+
+@_register("trunc_div", 2)
+def _trunc_div(types, attrs):
+    """Integer division rounding toward zero (C's and ONNX's), where `div` is float only."""
+    a, b = types
+    _check(a.dtype in ("int32", "int64"), f"trunc_div: integer operands, got {a.dtype}")
+    return _binary(types, attrs)
+
+
 def infer_type(op: str, types: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
     """The output type of `op` applied to inputs of `types` (raises ShapeError if it cannot)."""
     if op not in OPS:
@@ -541,3 +558,52 @@ def infer_type(op: str, types: Sequence[TensorType], attrs: dict[str, Any]) -> T
     unknown = set(attrs) - set(d.attrs)
     _check(not unknown, f"{op}: unknown attributes {sorted(unknown)}")
     return d.infer(list(types), {**d.attrs, **attrs})
+
+
+# ----------------------------------------------------------------------------- PyTorch core ATen
+# Operators of PyTorch's core ATen set that the canonical operators above cannot express
+# exactly (the PyTorch importer composes everything else from them; `torch_conformance`
+# measures the set). Elementwise ones join UNARY_OPS / BINARY_OPS, so partitioning fuses them
+# and the layout pass carries them to NHWC like any other elementwise operator.
+
+#: expm1(x) = exp(x) - 1 and log1p(x) = log(1 + x) without the cancellation near 0.
+UNARY_OPS += ("expm1", "log1p")
+#: atan2(y, x): the angle of (x, y) in all four quadrants.
+BINARY_OPS += ("atan2",)
+for _name in ("expm1", "log1p"):
+    _register(_name, 1)(_same)
+_register("atan2", 2)(_binary)
+
+
+@_register("divide_rounded", 2, {"mode": "floor"})
+def _divide_rounded(types, attrs):
+    """a / b rounded toward negative infinity ("floor", Python's //) or toward zero ("trunc",
+    C's integer division), in the operands' dtype, as torch.div(rounding_mode=...) does."""
+    _check(attrs["mode"] in ("floor", "trunc"), f"divide_rounded: mode {attrs['mode']!r}")
+    return _binary(types, attrs)
+
+
+BITWISE_OPS = ("bitwise_and", "bitwise_or", "bitwise_xor")
+
+
+def _bitwise(types, attrs):
+    _check(all(t.dtype.startswith(("int", "uint")) for t in types),
+           f"bitwise operators take integers, got {[t.dtype for t in types]}")
+    return types[0] if len(types) == 1 else _binary(types, attrs)
+
+
+for _name in BITWISE_OPS:
+    _register(_name, 2)(_bitwise)
+_register("bitwise_not", 1)(_bitwise)
+
+
+@_register("masked_scatter", 3)
+def _masked_scatter(types, attrs):
+    """A copy of x where the True places of the mask (broadcast to x) take the first elements
+    of source, in row-major order: inputs (x, mask, source)."""
+    x, mask, source = types
+    _check(mask.dtype == "bool", f"masked_scatter: mask must be bool, got {mask.dtype}")
+    _check(source.dtype == x.dtype, f"masked_scatter: source {source.dtype} for data {x.dtype}")
+    _check(broadcast_shapes(x.shape, mask.shape) == x.shape,
+           f"masked_scatter: mask {mask.shape} does not broadcast to {x.shape}")
+    return x

@@ -43,7 +43,7 @@ ANCHOR_OPS = frozenset({
     "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "winograd_input", "winograd_output",
 })
 INJECTIVE_OPS = frozenset({*UNARY_OPS, *BINARY_OPS, *COMPARE_OPS, *LOGICAL_OPS, "logical_not",
-                           "gelu", "clamp", "cast", "where", "batch_norm", "embedding", "index"})
+                           "gelu", "clamp", "cast", "where", "batch_norm", "embedding", "index", "take"})
 LAYOUT_OPS = frozenset({"reshape", "permute", "expand", "slice", "concat", "pad"})
 
 #: Constants of at most this many elements are part of a subgraph's key (and are written into

@@ -257,6 +257,8 @@ def gathered_indices(node: Node, args: Sequence[Any]) -> list[tuple[int, int, bo
         return [(1, int(args[0].shape[0]), bool(node.attrs.get("negative_ids", True)))]
     if node.op == "index":
         return [(k, int(args[0].shape[k - 1]), True) for k in range(1, len(args))]
+    if node.op == "take":
+        return [(1, int(args[0].shape[node.attrs.get("axis", 0) % len(args[0].shape)]), True)]
     return []
 
 
@@ -375,6 +377,22 @@ def _nhwc_args_as_nchw(op: str, args: list[np.ndarray]) -> list[np.ndarray]:
 
 
 # ----------------------------------------------------------------------------- indexing and scans
+
+
+@_kernel("take")
+def _take(xs, a):
+    x, index = xs
+    axis = a["axis"] % x.ndim
+    return np.take(x, np.where(index < 0, index + x.shape[axis], index), axis=axis)
+
+
+@_kernel("trunc_div")
+def _trunc_div(xs, a):
+    x, y = xs
+    if np.any(y == 0):
+        raise GraphError("integer division by zero")
+    q = np.abs(x) // np.abs(y)
+    return np.where((x < 0) != (y < 0), -q, q).astype(x.dtype)
 
 
 @_kernel("mod")
@@ -565,3 +583,44 @@ def run_graph(graph: Graph, inputs: Mapping[str, Any] | list[Any]) -> list[np.nd
             if last_use[i] == idx and i not in keep:
                 del env[i]
     return [env[o] for o in graph.outputs]
+
+
+# ----------------------------------------------------------------------------- PyTorch core ATen
+# Kernels of the operators ops.py adds for PyTorch's core ATen set.
+
+KERNELS["expm1"] = _make_unary(np.expm1)
+KERNELS["log1p"] = _make_unary(np.log1p)
+KERNELS["atan2"] = _make_binary(np.arctan2)
+for _n, _f in {"bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
+               "bitwise_xor": np.bitwise_xor}.items():
+    KERNELS[_n] = _make_binary(_f)
+KERNELS["bitwise_not"] = _make_unary(np.invert)
+
+
+@_kernel("divide_rounded")
+def _divide_rounded(xs, a):
+    """Floor division is numpy's // (for floats the algorithm of CPython's float //, which
+    PyTorch's div_floor_floating copies); truncating division of integers is that of the
+    magnitudes with the sign put back, of floats trunc(a / b)."""
+    x, y = xs
+    integer = np.issubdtype(x.dtype, np.integer)
+    if integer and np.any(y == 0):
+        raise ZeroDivisionError("divide_rounded: integer division by zero")
+    if a["mode"] == "floor":
+        return np.floor_divide(x, y)
+    if integer:
+        q = np.abs(x) // np.abs(y)
+        return np.where((x < 0) != (y < 0), -q, q)
+    return np.trunc(x / y)
+
+
+@_kernel("masked_scatter")
+def _masked_scatter(xs, a):
+    x, mask, source = xs
+    mask = np.broadcast_to(mask, x.shape)
+    count = int(mask.sum())
+    if count > source.size:
+        raise IndexError(f"masked_scatter: {count} places to fill from a source of {source.size}")
+    out = x.copy()
+    out[mask] = source.reshape(-1)[:count]
+    return out

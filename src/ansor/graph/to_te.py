@@ -374,6 +374,20 @@ def _embedding(args: list[Value], node: Node, out: TensorType, name: str) -> Ten
     return te.compute(out.shape, body, name=name, tag="injective")
 
 
+@_lowers("take")
+def _take(args: list[Value], node: Node, out: TensorType, name: str) -> Tensor:
+    """np.take along an axis: the index tensor's dims replace that axis (see `_wrap_index`)."""
+    table, ids = _tensor(args[0], node, "table"), args[1]
+    axis = node.attrs["axis"] % table.ndim
+    k = len(out.shape) - table.ndim + 1  # the index's rank
+
+    def body(*i):
+        at = _read(ids, i[axis:axis + k], out.shape[axis:axis + k])
+        return table[i[:axis] + (_wrap_index(at, table.shape[axis]),) + i[axis + k:]]
+
+    return te.compute(out.shape, body, name=name, tag="injective")
+
+
 @_lowers("index")
 def _index(args: list[Value], node: Node, out: TensorType, name: str) -> Tensor:
     """x[i0, i1, ...]: the index tensors broadcast together and replace x's leading axes."""
@@ -658,3 +672,31 @@ def _pad(args: list[Value], node: Node, out: TensorType, name: str) -> Tensor:
     pads = node.attrs["pads"]
     return te.ops.pad(x, [p[0] for p in pads], [p[1] for p in pads], node.attrs["value"],
                       name=name)
+
+
+# ----------------------------------------------------------------------------- PyTorch core ATen
+# Lowerings of the operators ops.py adds for PyTorch's core ATen set. atan2, rounded division,
+# the bitwise operators and masked_scatter have none: they run with the numpy kernels (integer
+# division by zero must raise, not trap).
+
+
+def _expm1(n: Node, x: E.Expr) -> E.Expr:
+    """exp(x) - 1 to within a few ulps near 0 as well (Kahan's formula: the rounding error of
+    u = exp(x) cancels in (u - 1) * x / log(u))."""
+    u = E.exp(x)
+    um1 = u - 1.0
+    exact = E.compare("==", u, 1.0) | E.compare("==", um1, -1.0) | E.compare("==", u, math.inf)
+    return E.if_then_else(E.compare("==", u, 1.0), x,
+                          E.if_then_else(exact, um1, um1 * x / E.log(u)))
+
+
+def _log1p(n: Node, x: E.Expr) -> E.Expr:
+    """log(1 + x) to within a few ulps near 0 as well (Goldberg's formula: the rounding
+    error of u = 1 + x cancels in log(u) * x / (u - 1))."""
+    u = x + 1.0
+    return E.if_then_else(E.compare("==", u, 1.0), x,
+                          E.if_then_else(E.compare("==", u, math.inf), u, E.log(u) * x / (u - 1.0)))
+
+
+LOWERINGS["expm1"] = _elementwise(_expm1)
+LOWERINGS["log1p"] = _elementwise(_log1p)

@@ -156,8 +156,10 @@ class _Importer:
             seq, index = args
             item = seq[index]
             if item is None:
-                raise UnsupportedOperatorError(f"output {index} of a multi-output operator is "
-                                               f"not supported ({_source(node)})")
+                producer = node.args[0]
+                raise UnsupportedOperatorError(
+                    f"output {index} of {getattr(producer, 'target', 'a multi-output operator')} "
+                    f"is not supported ({_source(node)})")
             return item
         name = str(target)  # e.g. "aten.conv2d.default"
         if self._foldable(args, kwargs) and not name.startswith("aten._assert"):
@@ -165,6 +167,10 @@ class _Importer:
         handler = HANDLERS.get(name) or HANDLERS.get(name.rsplit(".", 1)[0])
         if handler is None:
             raise UnsupportedOperatorError(f"unsupported ATen operator {name} at {_source(node)}")
+        self._check_static(node, name, args, kwargs)
+        empty = self._empty_result(node)
+        if empty is not None:
+            return empty
         try:
             result = handler(self, node, args, kwargs)
         except GraphError as e:
@@ -172,6 +178,47 @@ class _Importer:
         if isinstance(result, Ref):
             self._check_type(result, node.meta.get("val"), name)
         return result
+
+    def _empty_result(self, node: Any) -> Ref | None:
+        """A result without elements is known from its type alone: a constant."""
+        import torch
+
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.numel() == 0:
+            return Ref(self.graph.add_constant(np.empty(tuple(val.shape),
+                                                        dtype=torch_dtype_name(val.dtype))))
+        return None
+
+    def _check_static(self, node: Any, name: str, args: Any, kwargs: Any) -> None:
+        """Refuse, naming the operator, what the graph cannot hold: outputs whose shape depends
+        on the data (symbolic sizes)."""
+        import torch
+
+        vals = node.meta.get("val")
+        for v in vals if isinstance(vals, (list, tuple)) else [vals]:
+            if isinstance(v, torch.Tensor):
+                if not all(isinstance(d, int) for d in v.shape):
+                    raise UnsupportedOperatorError(
+                        f"{name} at {_source(node)}: an output whose shape depends on the data "
+                        f"({tuple(v.shape)}) is not supported")
+        if name.startswith(("aten.cat.", "aten.concat.")):
+            return  # concatenation leaves empty inputs out
+
+        def refs(o: Any) -> list:
+            if isinstance(o, Ref):
+                return [o]
+            if isinstance(o, (list, tuple)):
+                return [r for x in o for r in refs(x)]
+            if isinstance(o, dict):
+                return [r for x in o.values() for r in refs(x)]
+            return []
+
+        empty = [r for r in refs(args) + refs(kwargs) if 0 in self.type_of(r).shape]
+        val = vals if not isinstance(vals, (list, tuple)) else None
+        if empty and not (isinstance(val, torch.Tensor) and val.numel() == 0):
+            raise UnsupportedOperatorError(
+                f"{name} at {_source(node)}: a non-empty result of an empty tensor (shape "
+                f"{self.type_of(empty[0]).shape}) is not supported")
 
     def _map(self, obj: Any) -> Any:
         if isinstance(obj, (list, tuple)):
@@ -438,9 +485,15 @@ def _masked_fill(imp: _Importer, node, args, kwargs):
 
 
 def _dims(dims: Any, rank: int) -> tuple[int, ...]:
+    """Reduced axes, sorted and non-negative: all of them for None or []; a rank-0 tensor
+    takes dim 0 or -1 (PyTorch's rule) and has no axis to reduce."""
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         return tuple(range(rank))
     dims = dims if isinstance(dims, (list, tuple)) else [dims]
+    if rank == 0:
+        if any(int(d) not in (0, -1) for d in dims):
+            raise GraphError(f"dim {list(dims)} out of range for a rank-0 tensor")
+        return ()
     return tuple(sorted(int(d) % rank for d in dims))
 
 
@@ -511,8 +564,10 @@ def _batch_norm(imp: _Importer, node, args, kwargs):
 # --------------------------------------------------------------------- dense
 
 
-@_handles("aten.conv2d", "aten.convolution")
+@_handles("aten.conv2d", "aten.convolution", "aten.conv1d")
 def _conv2d(imp: _Importer, node, args, kwargs):
+    """1-d and 2-d convolutions, batched or not: a 1-d one is a 2-d one of height 1, an
+    unbatched input a batch of one; padding="same" pads (total // 2, the rest), as PyTorch."""
     if node.target.overloadpacket.__name__ == "convolution":
         x, w, b, stride, padding, dilation, transposed, _out_pad, groups = args
         if transposed:
@@ -524,21 +579,43 @@ def _conv2d(imp: _Importer, node, args, kwargs):
         padding = _arg(args, kwargs, 4, "padding", 0)
         dilation = _arg(args, kwargs, 5, "dilation", 1)
         groups = _arg(args, kwargs, 6, "groups", 1)
-    if len(imp.type_of(w).shape) != 4:
-        raise GraphError(f"only 2-d convolution is supported (weight {imp.type_of(w).shape})")
-    dilation = _pair(dilation)
+    wshape = imp.type_of(w).shape
+    if len(wshape) not in (3, 4):
+        raise GraphError(f"only 1-d and 2-d convolutions are supported (weight {wshape})")
+    one_d = len(wshape) == 3
+
+    def pair(v: Any) -> tuple[int, int]:
+        if one_d:
+            v = v[0] if isinstance(v, (list, tuple)) else v
+            return (1, int(v)) if v is not None else (1, 1)
+        return _pair(v)
+
+    stride, dilation = pair(stride), pair(dilation)
+    xshape = imp.type_of(x).shape
+    batched = len(xshape) == len(wshape)
+    if not batched and len(xshape) != len(wshape) - 1:
+        raise GraphError(f"input {xshape} for weight {wshape}")
+    x4 = _reshape_to(imp, x, ((1,) if not batched else ()) + xshape[:-1 if one_d else len(xshape)]
+                     + ((1, xshape[-1]) if one_d else ()))
+    w4 = _reshape_to(imp, w, wshape[:2] + (1, wshape[2]) if one_d else wshape)
+    k = imp.type_of(w4).shape[2:]
     if isinstance(padding, str):
         if padding == "valid":
-            padding = (0, 0)
-        else:  # "same": symmetric only when the total is even
-            k = imp.type_of(w).shape[2:]
+            pads: tuple = (0, 0)
+        else:  # "same": the total split as PyTorch does, the extra cell at the end
             totals = [d * (kk - 1) for d, kk in zip(dilation, k)]
-            if any(t % 2 for t in totals):
-                raise GraphError("padding='same' with asymmetric padding is not supported")
-            padding = tuple(t // 2 for t in totals)
-    inputs = [x, w] + ([b] if b is not None else [])
-    return imp.emit("conv2d", inputs, stride=_pair(stride), padding=_pair(padding),
-                    dilation=dilation, groups=int(groups))
+            pads = (totals[0] // 2, totals[1] // 2, totals[0] - totals[0] // 2,
+                    totals[1] - totals[1] // 2)
+            if pads[:2] == pads[2:]:
+                pads = pads[:2]
+    else:
+        pads = pair(padding) if one_d else _pair(padding)
+        if one_d:
+            pads = (0, pads[1])
+    inputs = [x4, w4] + ([b] if b is not None else [])
+    y = imp.emit("conv2d", inputs, stride=stride, padding=tuple(pads), dilation=dilation,
+                 groups=int(groups))
+    return _reshape_to(imp, y, _out_shape(imp))
 
 
 @_handles("aten.linear")
@@ -766,3 +843,848 @@ def _pad(imp: _Importer, node, args, kwargs):
     if any(lo < 0 or hi < 0 for lo, hi in pairs):
         raise GraphError("negative padding (cropping) is not supported")
     return imp.emit("pad", [x], pads=tuple(pairs), value=float(value or 0.0))
+
+
+# ============================================================================= core ATen set
+# The operators of PyTorch's core ATen set (`torch_conformance` measures them on PyTorch's own
+# samples), mapped onto the canonical operators or composed of them where the composition
+# computes what PyTorch computes; what neither can do exactly is refused by name.
+
+
+def _out_shape(imp: _Importer) -> tuple[int, ...]:
+    return imp.out_type().shape
+
+
+def _reshape_to(imp: _Importer, x: Ref, shape: Sequence[int]) -> Ref:
+    shape = tuple(int(d) for d in shape)
+    return x if imp.type_of(x).shape == shape else imp.emit("reshape", [x], shape=shape)
+
+
+def _is_int(dtype: str) -> bool:
+    return dtype.startswith(("int", "uint")) or dtype == "bool"
+
+
+for _aten, _op in {"aten.sin": "sin", "aten.cos": "cos", "aten.tan": "tan", "aten.asin": "asin",
+                   "aten.acos": "acos", "aten.atan": "atan", "aten.sinh": "sinh",
+                   "aten.cosh": "cosh", "aten.asinh": "asinh", "aten.acosh": "acosh",
+                   "aten.atanh": "atanh", "aten.expm1": "expm1", "aten.log1p": "log1p"}.items():
+    HANDLERS[_aten] = _unary_handler(_op)
+
+
+@_handles("aten.floor", "aten.ceil", "aten.round", "aten.trunc", "aten.fix")
+def _rounding(imp: _Importer, node, args, kwargs):
+    """Rounding is the identity on integers; trunc is floor above zero and ceil below."""
+    x, name = args[0], node.target.overloadpacket.__name__
+    if _is_int(imp.type_of(x).dtype):
+        return x
+    decimals = int(kwargs.get("decimals", args[1] if len(args) > 1 else 0))
+    if name in ("trunc", "fix"):
+        zero = imp.scalar(0, imp.type_of(x).dtype)
+        return imp.emit("where", [imp.emit("lt", [x, zero]), imp.emit("ceil", [x]),
+                                  imp.emit("floor", [x])])
+    if decimals == 0:
+        return imp.emit(name, [x])
+    # PyTorch: nearbyint(x * 10^d) / 10^d, or nearbyint(x / 10^-d) * 10^-d, in x's dtype
+    dtype = imp.type_of(x).dtype
+    scale = imp.scalar(10.0 ** abs(decimals), dtype)
+    inner, outer = ("mul", "div") if decimals > 0 else ("div", "mul")
+    return imp.emit(outer, [imp.emit("round", [imp.emit(inner, [x, scale])]), scale])
+
+
+@_handles("aten.sign")
+def _sign(imp: _Importer, node, args, kwargs):
+    x = args[0]
+    if imp.type_of(x).dtype == "bool":
+        return x
+    return imp.emit("sign", [x])
+
+
+@_handles("aten.reciprocal")
+def _reciprocal(imp: _Importer, node, args, kwargs):
+    dtype = imp.out_type().dtype
+    return imp.emit("div", [imp.scalar(1, dtype), imp.cast(args[0], dtype)])
+
+
+@_handles("aten.log2", "aten.log10")
+def _log_base(imp: _Importer, node, args, kwargs):
+    dtype = imp.out_type().dtype
+    base = 2.0 if node.target.overloadpacket.__name__ == "log2" else 10.0
+    return imp.emit("mul", [imp.emit("log", [imp.cast(args[0], dtype)]),
+                            imp.scalar(1.0 / np.log(base), dtype)])
+
+
+@_handles("aten.isnan", "aten.isinf", "aten.isfinite", "aten.isposinf", "aten.isneginf")
+def _float_class(imp: _Importer, node, args, kwargs):
+    x, name = args[0], node.target.overloadpacket.__name__
+    dtype = imp.type_of(x).dtype
+    if _is_int(dtype):  # an integer is always finite
+        return imp.scalar(np.full(_out_shape(imp), name == "isfinite"), "bool")
+    inf = imp.scalar(np.inf, dtype)
+    if name == "isnan":
+        return imp.emit("ne", [x, x])
+    if name == "isinf":
+        return imp.emit("eq", [imp.emit("abs", [x]), inf])
+    if name == "isposinf":
+        return imp.emit("eq", [x, inf])
+    if name == "isneginf":
+        return imp.emit("eq", [x, imp.scalar(-np.inf, dtype)])
+    return imp.emit("lt", [imp.emit("abs", [x]), inf])  # isfinite: NaN compares false
+
+
+def _binary_op_handler(op: str, **attrs: Any) -> Handler:
+    """`a op b` of the canonical `op` in the output dtype (tensors or python scalars)."""
+    def handler(imp: _Importer, node, args, kwargs):
+        dtype = imp.out_type().dtype
+        return imp.emit(op, [imp.operand(args[0], dtype), imp.operand(args[1], dtype)], **attrs)
+    return handler
+
+
+HANDLERS["aten.atan2"] = _binary_op_handler("atan2")
+HANDLERS["aten.remainder"] = _binary_op_handler("mod", fmod=False)
+HANDLERS["aten.fmod"] = _binary_op_handler("mod", fmod=True)
+HANDLERS["aten.max.other"] = _binary_op_handler("maximum")
+HANDLERS["aten.min.other"] = _binary_op_handler("minimum")
+for _name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
+    HANDLERS[f"aten.{_name}"] = _binary_op_handler(_name)
+
+
+@_handles("aten.logical_xor")
+def _logical_xor(imp: _Importer, node, args, kwargs):
+    return imp.emit("logical_xor", [imp.operand(a, "bool") for a in args[:2]])
+
+
+def _bitwise(imp: _Importer, node, args, kwargs):
+    """Bitwise operators: logical ones on bool, the integer ones otherwise."""
+    name = node.target.overloadpacket.__name__.strip("_")
+    if imp.out_type().dtype == "bool":
+        op = {"and": "logical_and", "bitwise_and": "logical_and", "or": "logical_or",
+              "bitwise_or": "logical_or", "xor": "logical_xor", "bitwise_xor": "logical_xor",
+              "bitwise_not": "logical_not"}[name]
+        arity = 1 if op == "logical_not" else 2
+        return imp.emit(op, [imp.operand(a, "bool") for a in args[:arity]])
+    op = {"and": "bitwise_and", "or": "bitwise_or", "xor": "bitwise_xor"}.get(name, name)
+    dtype = imp.out_type().dtype
+    if op == "bitwise_not":
+        return imp.emit(op, [imp.cast(args[0], dtype)])
+    return imp.emit(op, [imp.operand(args[0], dtype), imp.operand(args[1], dtype)])
+
+
+for _name in ("bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "__and__", "__or__",
+              "__xor__"):
+    HANDLERS[f"aten.{_name}"] = _bitwise
+
+
+@_handles("aten.div.Tensor_mode", "aten.div.Scalar_mode", "aten.floor_divide")
+def _div_rounded(imp: _Importer, node, args, kwargs):
+    """div with a rounding mode: a true division when there is none, trunc(a / b) for floats
+    rounded toward zero (what PyTorch computes), the exact rounded division otherwise."""
+    name = node.target.overloadpacket.__name__
+    mode = "floor" if name == "floor_divide" else kwargs.get("rounding_mode",
+                                                             args[2] if len(args) > 2 else None)
+    dtype = imp.out_type().dtype
+    a, b = imp.operand(args[0], dtype), imp.operand(args[1], dtype)
+    if mode is None:
+        return imp.emit("div", [a, b])
+    if mode == "trunc" and not _is_int(dtype):
+        q = imp.emit("div", [a, b])
+        zero = imp.scalar(0, dtype)
+        return imp.emit("where", [imp.emit("lt", [q, zero]), imp.emit("ceil", [q]),
+                                  imp.emit("floor", [q])])
+    return imp.emit("divide_rounded", [a, b], mode=str(mode))
+
+
+@_handles("aten.clamp.Tensor", "aten.clamp_min.Tensor", "aten.clamp_max.Tensor",
+          "aten.clamp.Tensor_out")
+def _clamp_tensor(imp: _Importer, node, args, kwargs):
+    """Clamping by tensors: max(x, lo), then min(., hi), so hi wins where lo > hi."""
+    name = node.target.overloadpacket.__name__
+    dtype = imp.out_type().dtype
+    x = imp.cast(args[0], dtype)
+    if name == "clamp_min":
+        lo, hi = args[1], None
+    elif name == "clamp_max":
+        lo, hi = None, args[1]
+    else:
+        lo, hi = _arg(args, kwargs, 1, "min"), _arg(args, kwargs, 2, "max")
+    if lo is not None:
+        x = imp.emit("maximum", [x, imp.operand(lo, dtype)])
+    if hi is not None:
+        x = imp.emit("minimum", [x, imp.operand(hi, dtype)])
+    return _broadcast(imp, x)
+
+
+def _broadcast(imp: _Importer, x: Ref) -> Ref:
+    """x expanded to the output shape (an elementwise result may be smaller than PyTorch's
+    when a broadcasting operand was left out)."""
+    shape = _out_shape(imp)
+    if imp.type_of(x).shape == shape:
+        return x
+    return _expand(imp, imp.node, [x, list(shape)], {})
+
+
+@_handles("aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default")
+def _clamp_scalar(imp: _Importer, node, args, kwargs):
+    if any(isinstance(a, Ref) for a in list(args[1:]) + list(kwargs.values())):
+        return _clamp_tensor(imp, node, args, kwargs)
+    return _clamp(imp, node, args, kwargs)
+
+
+# --------------------------------------------------------------------- activations
+
+
+def _select(imp: _Importer, cond: Ref, a: Ref, b: Ref) -> Ref:
+    return imp.emit("where", [cond, a, b])
+
+
+@_handles("aten.leaky_relu")
+def _leaky_relu(imp: _Importer, node, args, kwargs):
+    x, dtype = args[0], imp.out_type().dtype
+    slope = float(_arg(args, kwargs, 1, "negative_slope", 0.01))
+    zero = imp.scalar(0, dtype)
+    return _select(imp, imp.emit("gt", [x, zero]), x,
+                   imp.emit("mul", [x, imp.scalar(slope, dtype)]))
+
+
+@_handles("aten.elu", "aten.celu", "aten.selu")
+def _elu(imp: _Importer, node, args, kwargs):
+    """elu(x) = scale * (x if x > 0 else alpha * expm1(x * input_scale)); celu and selu are
+    elu with their constants."""
+    x, dtype, name = args[0], imp.out_type().dtype, node.target.overloadpacket.__name__
+    if name == "selu":
+        alpha, scale, in_scale = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946, 1.0
+    elif name == "celu":
+        alpha = float(_arg(args, kwargs, 1, "alpha", 1.0))
+        scale, in_scale = 1.0, 1.0 / alpha
+    else:
+        alpha = float(_arg(args, kwargs, 1, "alpha", 1.0))
+        scale = float(_arg(args, kwargs, 2, "scale", 1.0))
+        in_scale = float(_arg(args, kwargs, 3, "input_scale", 1.0))
+    zero = imp.scalar(0, dtype)
+    xs = x if in_scale == 1.0 else imp.emit("mul", [x, imp.scalar(in_scale, dtype)])
+    neg = imp.emit("mul", [imp.emit("expm1", [xs]), imp.scalar(alpha * scale, dtype)])
+    pos = x if scale == 1.0 else imp.emit("mul", [x, imp.scalar(scale, dtype)])
+    return _select(imp, imp.emit("gt", [x, zero]), pos, neg)
+
+
+def _softplus_ref(imp: _Importer, x: Ref, beta: float, threshold: float) -> Ref:
+    """log1p(exp(beta x)) / beta, and x itself where beta x > threshold (PyTorch's rule)."""
+    dtype = imp.type_of(x).dtype
+    bx = x if beta == 1.0 else imp.emit("mul", [x, imp.scalar(beta, dtype)])
+    soft = imp.emit("log1p", [imp.emit("exp", [bx])])
+    if beta != 1.0:
+        soft = imp.emit("div", [soft, imp.scalar(beta, dtype)])
+    return _select(imp, imp.emit("gt", [bx, imp.scalar(threshold, dtype)]), x, soft)
+
+
+@_handles("aten.softplus")
+def _softplus(imp: _Importer, node, args, kwargs):
+    return _softplus_ref(imp, args[0], float(_arg(args, kwargs, 1, "beta", 1.0)),
+                         float(_arg(args, kwargs, 2, "threshold", 20.0)))
+
+
+@_handles("aten.mish", "aten.mish_")
+def _mish(imp: _Importer, node, args, kwargs):
+    x = args[0]
+    return imp.emit("mul", [x, imp.emit("tanh", [_softplus_ref(imp, x, 1.0, 20.0)])])
+
+
+@_handles("aten.logit")
+def _logit(imp: _Importer, node, args, kwargs):
+    eps = _arg(args, kwargs, 1, "eps")
+    if eps is not None:
+        raise GraphError("logit with eps is not supported")
+    x, dtype = args[0], imp.out_type().dtype
+    return imp.emit("log", [imp.emit("div", [x, imp.emit("sub", [imp.scalar(1, dtype), x])])])
+
+
+# --------------------------------------------------------------------- reductions (core set)
+
+
+def _reduce_ref(imp: _Importer, op: str, x: Ref, dims: Any, keepdim: bool) -> Ref:
+    return imp.emit(op, [x], axes=_dims(dims, len(imp.type_of(x).shape)), keepdims=bool(keepdim))
+
+
+@_handles("aten.amin")
+def _amin(imp: _Importer, node, args, kwargs):
+    return _reduce_ref(imp, "min", args[0], _arg(args, kwargs, 1, "dim"),
+                       _arg(args, kwargs, 2, "keepdim", False))
+
+
+@_handles("aten.max.default", "aten.min.default")
+def _extreme_all(imp: _Importer, node, args, kwargs):
+    return _reduce_ref(imp, node.target.overloadpacket.__name__, args[0], None, False)
+
+
+def _arg_extreme(imp: _Importer, x: Ref, dim: Any, keepdim: bool, largest: bool) -> Ref:
+    """The index of the first largest (smallest) element along dim, or of the flattened
+    tensor when dim is None (PyTorch's rule, NaN counting as the largest, as numpy's)."""
+    shape = imp.type_of(x).shape
+    if dim is None or not shape:
+        flat = _reshape_to(imp, x, (int(np.prod(shape)),))
+        found = imp.emit("arg_reduce", [flat], axis=0, keepdims=False, largest=largest)
+        return _reshape_to(imp, found, _out_shape(imp))
+    return imp.emit("arg_reduce", [x], axis=int(dim) % len(shape), keepdims=bool(keepdim),
+                    largest=largest)
+
+
+@_handles("aten.argmax", "aten.argmin")
+def _argmax(imp: _Importer, node, args, kwargs):
+    return _arg_extreme(imp, args[0], _arg(args, kwargs, 1, "dim"),
+                        _arg(args, kwargs, 2, "keepdim", False),
+                        node.target.overloadpacket.__name__ == "argmax")
+
+
+@_handles("aten.max.dim", "aten.min.dim")
+def _extreme_dim(imp: _Importer, node, args, kwargs):
+    x, dim = args[0], _arg(args, kwargs, 1, "dim")
+    keep = bool(_arg(args, kwargs, 2, "keepdim", False))
+    name = node.target.overloadpacket.__name__
+    rank = len(imp.type_of(x).shape)
+    values = _reduce_ref(imp, name, x, [dim], keep)
+    if rank == 0:
+        return [values, imp.scalar(0, "int64")]
+    return [values, _arg_extreme(imp, x, dim, keep, name == "max")]
+
+
+@_handles("aten.any", "aten.all")
+def _any(imp: _Importer, node, args, kwargs):
+    """any: the largest of (x != 0) is 1; all: the smallest is 1 (as float32: te reduces
+    numbers, not bools)."""
+    x, name = args[0], node.target.overloadpacket.__name__
+    dims = _arg(args, kwargs, 1, "dim")
+    keep = bool(_arg(args, kwargs, 2, "keepdim", False))
+    dtype = imp.type_of(x).dtype
+    nonzero = x if dtype == "bool" else imp.emit("ne", [x, imp.scalar(0, dtype)])
+    as_float = imp.cast(nonzero, "float32")
+    red = _reduce_ref(imp, "max" if name == "any" else "min", as_float, dims, keep)
+    result = imp.emit("gt", [red, imp.scalar(0.5, "float32")])
+    return imp.cast(result, imp.out_type().dtype)
+
+
+@_handles("aten.prod")
+def _prod(imp: _Importer, node, args, kwargs):
+    x = imp.cast(args[0], imp.out_type().dtype)
+    if str(node.target).endswith(".default"):
+        return _reduce_ref(imp, "prod", x, None, False)
+    return _reduce_ref(imp, "prod", x, [_arg(args, kwargs, 1, "dim")],
+                       _arg(args, kwargs, 2, "keepdim", False))
+
+
+def _variance(imp: _Importer, x: Ref, dims: Any, correction: float, keepdim: bool) -> Ref:
+    """sum((x - mean)^2) / max(0, n - correction) over dims, two passes as PyTorch does."""
+    shape = imp.type_of(x).shape
+    axes = _dims(dims, len(shape))
+    n = int(np.prod([shape[a] for a in axes])) if shape else 1
+    mean = imp.emit("mean", [x], axes=axes, keepdims=True)
+    d = imp.emit("sub", [x, mean])
+    total = imp.emit("sum", [imp.emit("mul", [d, d])], axes=axes, keepdims=bool(keepdim))
+    dtype = imp.type_of(x).dtype
+    return imp.emit("div", [total, imp.scalar(max(0.0, n - correction), dtype)])
+
+
+def _correction(overload: str, args: list, kwargs: dict) -> tuple[Any, float, bool]:
+    """(dims, correction, keepdim) of a var/std overload: .correction(x, dim, *, correction,
+    keepdim), .dim(x, dim, unbiased, keepdim) or .default(x, unbiased)."""
+    if overload == "correction":
+        corr = kwargs.get("correction")
+        return (_arg(args, kwargs, 1, "dim"), 1.0 if corr is None else float(corr),
+                bool(kwargs.get("keepdim", False)))
+    if overload == "dim":
+        unbiased = _arg(args, kwargs, 2, "unbiased", True)
+        return args[1], float(bool(unbiased)), bool(_arg(args, kwargs, 3, "keepdim", False))
+    if overload == "default":
+        return None, float(bool(_arg(args, kwargs, 1, "unbiased", True))), False
+    raise GraphError(f"overload {overload!r} is not supported")
+
+
+@_handles("aten.var", "aten.std")
+def _var(imp: _Importer, node, args, kwargs):
+    dims, corr, keep = _correction(str(node.target).rsplit(".", 1)[-1], list(args), kwargs)
+    v = _variance(imp, args[0], dims, corr, keep)
+    if node.target.overloadpacket.__name__ == "std":
+        v = imp.emit("sqrt", [v])
+    return v
+
+
+@_handles("aten.cumsum")
+def _cumsum(imp: _Importer, node, args, kwargs):
+    x = imp.cast(args[0], imp.out_type().dtype)
+    rank = len(imp.type_of(x).shape)
+    if rank == 0:
+        return x
+    return imp.emit("cumsum", [x], axis=int(_arg(args, kwargs, 1, "dim")) % rank)
+
+
+@_handles("aten.sort", "aten.topk")
+def _sort(imp: _Importer, node, args, kwargs):
+    """Values and indices, sorted; equal values keep their order (a stable sort, which
+    PyTorch's CPU sort is)."""
+    x = args[0]
+    shape = imp.type_of(x).shape
+    if str(node.target) == "aten.topk.default":
+        k = int(args[1])
+        dim = int(_arg(args, kwargs, 2, "dim", -1))
+        largest = bool(_arg(args, kwargs, 3, "largest", True))
+        if not bool(_arg(args, kwargs, 4, "sorted", True)):
+            raise GraphError("topk with sorted=False (an unspecified order) is not supported")
+    else:
+        if str(node.target) == "aten.sort.stable":
+            dim, largest = int(kwargs.get("dim", -1)), bool(kwargs.get("descending", False))
+        else:
+            dim = int(_arg(args, kwargs, 1, "dim", -1))
+            largest = bool(_arg(args, kwargs, 2, "descending", False))
+        k = shape[dim % len(shape)] if shape else 1
+    if not shape:
+        return [x, imp.scalar(0, "int64")]
+    axis = dim % len(shape)
+    return [imp.emit("topk", [x], k=k, axis=axis, largest=largest, indices=False),
+            imp.emit("topk", [x], k=k, axis=axis, largest=largest, indices=True)]
+
+
+# --------------------------------------------------------------------- data movement
+
+
+def _traced_gather(imp: _Importer, node, args, kwargs) -> Ref:
+    """An operator that only moves elements (flip, roll, repeat, diagonal, as_strided, the
+    scatters of one slice): PyTorch runs it at import on tensors of element numbers, which
+    says where each output element comes from; the graph gathers the elements of its tensor
+    arguments, flattened and joined, at those numbers (a constant index)."""
+    import torch
+
+    dtype = imp.out_type().dtype
+    sources: list[Ref] = []
+
+    def number(o: Any) -> Any:
+        if isinstance(o, Ref):
+            shape = imp.type_of(o).shape
+            start = sum(int(np.prod(imp.type_of(s).shape)) for s in sources)
+            sources.append(o)
+            return torch.arange(start, start + int(np.prod(shape)), dtype=torch.int64).reshape(shape)
+        if isinstance(o, (list, tuple)):
+            return type(o)(number(v) for v in o)
+        return o
+
+    with torch.no_grad():
+        ids = node.target(*number(list(args)), **{k: number(v) for k, v in kwargs.items()})
+    if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64:
+        raise GraphError("the operator does not only move elements")
+    flat = [_reshape_to(imp, imp.cast(s, dtype), (int(np.prod(imp.type_of(s).shape)),))
+            for s in sources]
+    table = flat[0] if len(flat) == 1 else imp.emit("concat", flat, axis=0)
+    return imp.emit("index", [table, imp.scalar(ids.contiguous().numpy(), "int64")])
+
+
+@_handles("aten.flip", "aten.roll", "aten.repeat", "aten.diagonal", "aten.select_scatter",
+          "aten.slice_scatter", "aten.unfold", "aten.narrow", "aten.movedim", "aten.tile",
+          "aten.rot90", "aten.diag_embed", "aten.pixel_shuffle", "aten.pixel_unshuffle",
+          "aten.channel_shuffle", "aten.diagonal_scatter")
+def _moving(imp: _Importer, node, args, kwargs):
+    if node.target.overloadpacket.__name__ == "diag_embed":
+        raise GraphError("diag_embed fills zeros; it is not a pure data movement")
+    return _traced_gather(imp, node, args, kwargs)
+
+
+@_handles("aten.as_strided")
+def _as_strided(imp: _Importer, node, args, kwargs):
+    """as_strided reads the storage of its input: the input must be a contiguous value (a
+    graph input or an operator's result), which is what the numbered tensor stands for."""
+    val = node.args[0].meta.get("val")
+    if val is None or not val.is_contiguous() or val.storage_offset() != 0:
+        raise GraphError("as_strided of a non-contiguous view is not supported")
+    return _traced_gather(imp, node, args, kwargs)
+
+
+@_handles("aten.fill", "aten.full_like", "aten.zeros_like", "aten.ones_like", "aten.new_full",
+          "aten.new_zeros", "aten.new_ones", "aten.fill_")
+def _value_of_shape(imp: _Importer, node, args, kwargs):
+    """Operators whose result depends on their tensor argument's shape alone (or on a fill
+    value that is a tensor, broadcast)."""
+    import torch
+
+    value = args[1] if len(args) > 1 else None
+    if node.target.overloadpacket.__name__.startswith("fill") and isinstance(value, Ref):
+        return _broadcast(imp, imp.cast(value, imp.out_type().dtype))
+
+    def shaped(o: Any) -> Any:
+        if isinstance(o, Ref):
+            t = imp.type_of(o)
+            return torch.zeros(t.shape, dtype=getattr(torch, t.dtype))
+        return o
+
+    with torch.no_grad():
+        result = node.target(*[shaped(a) for a in args], **{k: shaped(v) for k, v in kwargs.items()})
+    return imp._constant(result)
+
+
+@_handles("aten.copy")
+def _copy(imp: _Importer, node, args, kwargs):
+    return _broadcast(imp, imp.cast(args[1], imp.out_type().dtype))
+
+
+@_handles("aten.gather")
+def _gather(imp: _Importer, node, args, kwargs):
+    """out[i][j] = x[index[i][j]][j] along dim; PyTorch lets the index be smaller than x on
+    the other axes, which then read x's leading part."""
+    x, dim, index = args[0], int(args[1]), args[2]
+    shape, ishape = imp.type_of(x).shape, imp.type_of(index).shape
+    if not shape:
+        x = _reshape_to(imp, x, (1,))
+        index = _reshape_to(imp, index, (1,))
+        return _reshape_to(imp, imp.emit("gather_elements", [x, index], axis=0), ())
+    axis = dim % len(shape)
+    if not ishape:
+        index = _reshape_to(imp, index, (1,) * len(shape))
+        ishape = imp.type_of(index).shape
+    for d, n in enumerate(ishape):
+        if d != axis and n < shape[d]:
+            x = _slice_ref(imp, x, d, 0, n, 1)
+    return _reshape_to(imp, imp.emit("gather_elements", [x, imp.cast(index, "int64")], axis=axis),
+                       _out_shape(imp))
+
+
+_SCATTER_REDUCTIONS = {None: "none", "sum": "add", "add": "add", "prod": "mul",
+                       "multiply": "mul", "amax": "max", "amin": "min"}
+
+
+@_handles("aten.scatter", "aten.scatter_add", "aten.scatter_reduce")
+def _scatter(imp: _Importer, node, args, kwargs):
+    """x with src written (or combined) at index along dim; src may be larger than index on
+    every axis (its leading part is read) or a scalar."""
+    x, dim, index = args[0], int(args[1]), args[2]
+    name, overload = node.target.overloadpacket.__name__, str(node.target).rsplit(".", 1)[-1]
+    src = args[3] if len(args) > 3 else kwargs.get("src", kwargs.get("value"))
+    if name == "scatter_add":
+        reduce = "sum"
+    elif name == "scatter_reduce":
+        reduce = args[4] if len(args) > 4 else kwargs["reduce"]
+        if not bool(_arg(args, kwargs, 5, "include_self", True)):
+            raise GraphError("scatter_reduce with include_self=False is not supported")
+    else:
+        reduce = kwargs.get("reduce", args[4] if len(args) > 4 else None)
+    if reduce not in _SCATTER_REDUCTIONS:
+        raise GraphError(f"scatter reduction {reduce!r} is not supported")
+    dtype = imp.out_type().dtype
+    shape, ishape = imp.type_of(x).shape, imp.type_of(index).shape
+    if not shape or not ishape:
+        raise GraphError("scatter on rank-0 tensors is not supported")
+    axis = dim % len(shape)
+    if isinstance(src, Ref) and "value" not in overload:
+        for d, n in enumerate(ishape):
+            if n < imp.type_of(src).shape[d]:
+                src = _slice_ref(imp, src, d, 0, n, 1)
+        src = imp.cast(src, dtype)
+    else:
+        src = imp.emit("expand", [_reshape_to(imp, imp.operand(src, dtype), (1,) * len(ishape))],
+                       shape=ishape) if ishape != (1,) * len(ishape) else \
+            _reshape_to(imp, imp.operand(src, dtype), ishape)
+    return imp.emit("scatter_elements", [imp.cast(x, dtype), imp.cast(index, "int64"), src],
+                    axis=axis, reduction=_SCATTER_REDUCTIONS[reduce])
+
+
+@_handles("aten.index_select")
+def _index_select(imp: _Importer, node, args, kwargs):
+    """x.index_select(dim, ids): the rows of x along dim, as an embedding lookup of x with
+    dim moved to the front (ids in [0, n), as PyTorch requires)."""
+    x, dim, ids = args[0], int(args[1]), args[2]
+    shape = imp.type_of(x).shape
+    if not shape:
+        x, shape = _reshape_to(imp, x, (1,)), (1,)
+    axis = dim % len(shape)
+    ids = _reshape_to(imp, imp.cast(ids, "int64"), (int(np.prod(imp.type_of(ids).shape)),))
+    order = (axis,) + tuple(d for d in range(len(shape)) if d != axis)
+    front = x if axis == 0 else imp.emit("permute", [x], axes=order)
+    rest = tuple(shape[d] for d in order[1:])
+    table = _reshape_to(imp, front, (shape[axis], int(np.prod(rest))))
+    rows = imp.emit("embedding", [table, ids], negative_ids=False)
+    picked = _reshape_to(imp, rows, (imp.type_of(ids).shape[0],) + rest)
+    if axis != 0:
+        picked = imp.emit("permute", [picked], axes=tuple(int(i) for i in np.argsort(order)))
+    return _reshape_to(imp, picked, _out_shape(imp))
+
+
+@_handles("aten.index_put")
+def _index_put(imp: _Importer, node, args, kwargs):
+    """x[i0, i1, ...] = values (or += with accumulate): the index tensors broadcast together
+    and address x's leading axes, as index tuples of a scatter."""
+    x, indices, values = args[0], list(args[1]), args[2]
+    accumulate = bool(_arg(args, kwargs, 3, "accumulate", False))
+    if any(i is None for i in indices):
+        raise GraphError("index_put that skips an axis is not supported")
+    if any(imp.type_of(i).dtype == "bool" for i in indices):
+        raise GraphError("index_put with a boolean mask is not supported")
+    shape, dtype = imp.type_of(x).shape, imp.out_type().dtype
+    k = len(indices)
+    batch = tuple(int(d) for d in np.broadcast_shapes(*(imp.type_of(i).shape for i in indices)))
+    cols = []
+    for i in indices:
+        i = imp.cast(i, "int64")
+        if imp.type_of(i).shape != batch:
+            i = imp.emit("expand", [_reshape_to(imp, i, (1,) * (len(batch) - len(imp.type_of(i).shape))
+                                                + imp.type_of(i).shape)], shape=batch)
+        cols.append(_reshape_to(imp, i, batch + (1,)))
+    tuples = cols[0] if k == 1 else imp.emit("concat", cols, axis=len(batch))
+    target = batch + shape[k:]
+    values = imp.cast(values, dtype)
+    vshape = imp.type_of(values).shape
+    if vshape != target:
+        values = _reshape_to(imp, values, (1,) * (len(target) - len(vshape)) + vshape)
+        values = imp.emit("expand", [values], shape=target)
+    if accumulate:
+        return imp.emit("scatter_nd", [x, tuples, values], reduction="add")
+    return imp.emit("scatter_nd", [x, tuples, values])
+
+
+@_handles("aten.masked_scatter")
+def _masked_scatter_h(imp: _Importer, node, args, kwargs):
+    x, mask, source = args[0], args[1], args[2]
+    dtype = imp.out_type().dtype
+    x = _broadcast(imp, imp.cast(x, dtype))
+    return imp.emit("masked_scatter", [x, imp.cast(mask, "bool"), imp.cast(source, dtype)])
+
+
+@_handles("aten.nonzero", "aten.nonzero_numpy", "aten.nonzero_static", "aten.unique",
+          "aten._unique2", "aten.masked_select")
+def _data_dependent(imp: _Importer, node, args, kwargs):
+    raise GraphError("its output shape depends on the data")
+
+
+# --------------------------------------------------------------------- pooling, padding, resizing
+
+
+def _pool_any_rank(handler2d: Handler, one_d: bool, roles: Sequence[str]) -> Handler:
+    """A 2-d pooling handler made to take 1-d pools (height 1) and unbatched inputs: `roles`
+    names the arguments after the input ("kernel", "stride", "padding", "dilation", "size" or
+    "" for one left as it is)."""
+    def handler(imp: _Importer, node, args, kwargs):
+        x, shape = args[0], imp.type_of(args[0]).shape
+        spatial = 1 if one_d else 2
+        if len(shape) not in (spatial + 1, spatial + 2):
+            raise GraphError(f"input of rank {len(shape)} for a {spatial}-d pool")
+        lead = shape[:-spatial] if len(shape) == spatial + 2 else (1,) + shape[:-spatial]
+        x4 = _reshape_to(imp, x, lead + ((1,) if one_d else ()) + shape[-spatial:])
+        rest = list(args[1:])
+        if one_d:
+            for i, role in enumerate(roles[:len(rest)]):
+                v = rest[i]
+                v = v[0] if isinstance(v, (list, tuple)) and v else v
+                if role in ("kernel", "dilation", "size"):
+                    rest[i] = [1, int(v)]
+                elif role == "stride":
+                    rest[i] = [] if v is None or v == [] else [1, int(v)]
+                elif role == "padding":
+                    rest[i] = [0, int(v)]
+        y = handler2d(imp, node, [x4] + rest, kwargs)
+        if isinstance(y, list):
+            return [_reshape_to(imp, y[0], tuple(int(d) for d in node.meta["val"][0].shape))] + y[1:]
+        return _reshape_to(imp, y, _out_shape(imp))
+    return handler
+
+
+_MAX_ROLES = ("kernel", "stride", "padding", "dilation", "")
+_AVG_ROLES = ("kernel", "stride", "padding", "", "", "")
+HANDLERS["aten.max_pool2d"] = _pool_any_rank(_max_pool2d, False, _MAX_ROLES)
+HANDLERS["aten.max_pool2d_with_indices"] = _pool_any_rank(_max_pool2d, False, _MAX_ROLES)
+HANDLERS["aten.max_pool1d"] = _pool_any_rank(_max_pool2d, True, _MAX_ROLES)
+HANDLERS["aten.max_pool1d_with_indices"] = _pool_any_rank(_max_pool2d, True, _MAX_ROLES)
+HANDLERS["aten.avg_pool2d"] = _pool_any_rank(_avg_pool2d, False, _AVG_ROLES)
+HANDLERS["aten.avg_pool1d"] = _pool_any_rank(_avg_pool2d, True, _AVG_ROLES)
+HANDLERS["aten.adaptive_avg_pool2d"] = _pool_any_rank(_adaptive_avg_pool2d, False, ("size",))
+HANDLERS["aten._adaptive_avg_pool2d"] = _pool_any_rank(_adaptive_avg_pool2d, False, ("size",))
+HANDLERS["aten.adaptive_avg_pool1d"] = _pool_any_rank(_adaptive_avg_pool2d, True, ("size",))
+
+
+def _pairs(imp: _Importer, x: Ref, pad: Sequence[int]) -> list[tuple[int, int]]:
+    """PyTorch's flat padding list (last axis first) as one (before, after) pair per axis."""
+    rank = len(imp.type_of(x).shape)
+    pairs = [(0, 0)] * rank
+    for i in range(len(pad) // 2):
+        pairs[rank - 1 - i] = (int(pad[2 * i]), int(pad[2 * i + 1]))
+    return pairs
+
+
+def _crop(imp: _Importer, x: Ref, pairs: list[tuple[int, int]]) -> tuple[Ref, list[tuple[int, int]]]:
+    """Negative padding removes cells: slice them off, leaving the non-negative padding."""
+    shape = imp.type_of(x).shape
+    for axis, (lo, hi) in enumerate(pairs):
+        if lo < 0 or hi < 0:
+            x = _slice_ref(imp, x, axis, max(0, -lo), shape[axis] - max(0, -hi), 1)
+    return x, [(max(0, lo), max(0, hi)) for lo, hi in pairs]
+
+
+_BORDER_MODES = {"reflect": "reflect", "replicate": "edge", "circular": "wrap"}
+
+
+@_handles("aten.pad", "aten.constant_pad_nd", "aten.reflection_pad1d", "aten.reflection_pad2d",
+          "aten.reflection_pad3d", "aten.replication_pad1d", "aten.replication_pad2d",
+          "aten.replication_pad3d", "aten._pad_circular")
+def _pad_modes(imp: _Importer, node, args, kwargs):
+    """Constant padding (negative amounts crop), and padding from the border: reflect,
+    replicate, circular."""
+    name = node.target.overloadpacket.__name__
+    x, pad = args[0], list(args[1])
+    value = 0.0
+    if name == "pad":
+        mode = _arg(args, kwargs, 2, "mode", "constant")
+        value = _arg(args, kwargs, 3, "value", None)
+    elif name == "constant_pad_nd":
+        mode, value = "constant", _arg(args, kwargs, 2, "value", 0)
+    else:
+        mode = "circular" if "circular" in name else name.split("_")[0]
+    pairs = _pairs(imp, x, pad)
+    if mode == "constant":
+        x, pairs = _crop(imp, x, pairs)
+        if not any(lo or hi for lo, hi in pairs):
+            return x
+        return imp.emit("pad", [x], pads=tuple(pairs), value=float(value or 0.0))
+    if mode not in _BORDER_MODES:
+        raise GraphError(f"pad mode {mode!r} is not supported")
+    if any(lo < 0 or hi < 0 for lo, hi in pairs):
+        raise GraphError(f"negative padding in mode {mode!r} is not supported")
+    shape = imp.type_of(x).shape
+    limit = {"reflect": lambda n: n - 1, "replicate": lambda n: 1 << 62, "circular": lambda n: n}[mode]
+    if any(max(lo, hi) > limit(n) for (lo, hi), n in zip(pairs, shape)):
+        raise GraphError(f"padding {pad} is too large for mode {mode!r} on {shape}")
+    return imp.emit("pad_border", [x], pads=tuple(pairs), mode=_BORDER_MODES[mode])
+
+
+@_handles("aten.upsample_nearest1d", "aten.upsample_nearest2d", "aten.upsample_nearest3d",
+          "aten._upsample_nearest_exact1d", "aten._upsample_nearest_exact2d",
+          "aten._upsample_nearest_exact3d")
+def _upsample_nearest(imp: _Importer, node, args, kwargs):
+    """Nearest resampling moves elements: PyTorch runs it at import on float32 element
+    numbers (exact below 2^24), so the source index of every output element is PyTorch's own
+    float32 computation."""
+    import torch
+
+    x = args[0]
+    n = int(np.prod(imp.type_of(x).shape))
+    if n >= 1 << 24:
+        raise GraphError("nearest resampling of more than 2^24 elements is not supported")
+    with torch.no_grad():
+        numbers = torch.arange(n, dtype=torch.float32).reshape(imp.type_of(x).shape)
+        ids = node.target(numbers, *args[1:], **kwargs).to(torch.int64)
+    flat = _reshape_to(imp, x, (n,))
+    return imp.emit("index", [flat, imp.scalar(ids.contiguous().numpy(), "int64")])
+
+
+@_handles("aten.upsample_bilinear2d", "aten.upsample_linear1d")
+def _upsample_linear(imp: _Importer, node, args, kwargs):
+    """Linear resampling as the canonical resize: PyTorch's source coordinate is
+    (i + 0.5) * scale - 0.5 clamped at 0 (half_pixel with edge values), or i * (n - 1) /
+    (m - 1) with align_corners; the scale is 1 / scale_factor when one is given."""
+    x = args[0]
+    shape = imp.type_of(x).shape
+    align = bool(_arg(args, kwargs, 2, "align_corners", False))
+    factors = _arg(args, kwargs, 3, "scale_factors")
+    if str(node.target).endswith(".default"):  # (x, output_size, align_corners, scales...)
+        factors = [f for f in args[3:] if f is not None] or None
+    spatial = 1 if "1d" in str(node.target) else 2
+    out = _out_shape(imp)
+    attrs: dict[str, Any] = {"sizes": out, "mode": "linear",
+                             "coordinate_transformation_mode": "align_corners" if align else "half_pixel"}
+    if factors and not align:
+        if len(factors) != spatial:
+            raise GraphError(f"scale factors {factors} for {spatial} spatial axes")
+        attrs["scales"] = (1.0,) * (len(shape) - spatial) + tuple(float(f) for f in factors)
+    if not align and not factors:
+        attrs["scales"] = (1.0,) * (len(shape) - spatial) + tuple(
+            o / i for o, i in zip(out[-spatial:], shape[-spatial:]))
+    return imp.emit("resize", [x], **attrs)
+
+
+# --------------------------------------------------------------------- normalization statistics
+
+
+def _normalize(imp: _Importer, x: Ref, axes: tuple[int, ...], eps: float) -> tuple[Ref, Ref, Ref]:
+    """(x - mean) * rstd over `axes`, and mean and rstd = 1 / sqrt(biased var + eps), kept as
+    axes of size 1."""
+    dtype = imp.type_of(x).dtype
+    mean = imp.emit("mean", [x], axes=axes, keepdims=True)
+    d = imp.emit("sub", [x, mean])
+    var = imp.emit("mean", [imp.emit("mul", [d, d])], axes=axes, keepdims=True)
+    rstd = imp.emit("rsqrt", [imp.emit("add", [var, imp.scalar(eps, dtype)])])
+    return imp.emit("mul", [d, rstd]), mean, rstd
+
+
+def _affine(imp: _Importer, y: Ref, w: Any, b: Any, shape: tuple[int, ...]) -> Ref:
+    """y * w + b with w and b reshaped to `shape` (None: left out)."""
+    if w is not None:
+        y = imp.emit("mul", [y, _reshape_to(imp, w, shape)])
+    if b is not None:
+        y = imp.emit("add", [y, _reshape_to(imp, b, shape)])
+    return y
+
+
+@_handles("aten.native_layer_norm")
+def _native_layer_norm_stats(imp: _Importer, node, args, kwargs):
+    """The normalized output (the canonical layer_norm), and the mean and rstd PyTorch also
+    returns (shape: the leading axes, then ones)."""
+    x, shape = args[0], list(args[1])
+    rank = len(imp.type_of(x).shape)
+    axes = tuple(range(rank - len(shape), rank))
+    out = _layer_norm(imp, node, list(args), kwargs)
+    _, mean, rstd = _normalize(imp, x, axes, float(_arg(args, kwargs, 4, "eps", 1e-5)))
+    return [out, mean, rstd]
+
+
+@_handles("aten.group_norm", "aten.native_group_norm")
+def _group_norm(imp: _Importer, node, args, kwargs):
+    """Statistics over each group of channels (and all spatial positions) of each sample;
+    native_group_norm also returns them as [N, groups]."""
+    x = args[0]
+    shape = imp.type_of(x).shape
+    if node.target.overloadpacket.__name__ == "group_norm":
+        groups, w, b = int(args[1]), _arg(args, kwargs, 2, "weight"), _arg(args, kwargs, 3, "bias")
+        eps = float(_arg(args, kwargs, 4, "eps", 1e-5))
+    else:
+        w, b, groups, eps = args[1], args[2], int(args[6]), float(args[7])
+    n, c = shape[0], shape[1]
+    grouped = _reshape_to(imp, x, (n, groups, int(np.prod(shape)) // (n * groups)))
+    y, mean, rstd = _normalize(imp, grouped, (2,), eps)
+    y = _affine(imp, _reshape_to(imp, y, shape), w, b, (c,) + (1,) * (len(shape) - 2))
+    if node.target.overloadpacket.__name__ == "group_norm":
+        return y
+    return [y, _reshape_to(imp, mean, (n, groups)), _reshape_to(imp, rstd, (n, groups))]
+
+
+def _bn_training(imp: _Importer, x: Ref, w: Any, b: Any, running_mean: Any, running_var: Any,
+                 momentum: float, eps: float) -> list:
+    """Batch norm on the batch's own statistics: (out, mean, rstd, the running mean and
+    variance updated as PyTorch does, with the unbiased variance)."""
+    shape, dtype = imp.type_of(x).shape, imp.type_of(x).dtype
+    c = shape[1]
+    axes = tuple(d for d in range(len(shape)) if d != 1)
+    y, mean, rstd = _normalize(imp, x, axes, eps)
+    y = _affine(imp, y, w, b, (c,) + (1,) * (len(shape) - 2))
+    mean_c = _reshape_to(imp, mean, (c,))
+    rstd_c = _reshape_to(imp, rstd, (c,))
+    outs = [y, mean_c, rstd_c]
+    if running_mean is not None:
+        count = int(np.prod(shape)) // c
+        d = imp.emit("sub", [x, mean])
+        var = imp.emit("sum", [imp.emit("mul", [d, d])], axes=axes, keepdims=False)
+        unbiased = imp.emit("div", [var, imp.scalar(max(count - 1, 0), dtype)])
+        keep, take = imp.scalar(1.0 - momentum, dtype), imp.scalar(momentum, dtype)
+        outs.append(imp.emit("add", [imp.emit("mul", [running_mean, keep]), imp.emit("mul", [mean_c, take])]))
+        outs.append(imp.emit("add", [imp.emit("mul", [running_var, keep]), imp.emit("mul", [unbiased, take])]))
+    return outs
+
+
+@_handles("aten._native_batch_norm_legit_functional", "aten._native_batch_norm_legit",
+          "aten.native_batch_norm", "aten._native_batch_norm_legit.no_stats")
+def _bn_any(imp: _Importer, node, args, kwargs):
+    name, overload = node.target.overloadpacket.__name__, str(node.target).rsplit(".", 1)[-1]
+    if overload == "no_stats":
+        x, w, b, training, momentum, eps = args
+        rm = rv = None
+    else:
+        x, w, b, rm, rv, training, momentum, eps = args
+    if not training:
+        if rm is None:
+            raise GraphError("batch norm in eval mode without running statistics")
+        out = _bn(imp, x, w, b, rm, rv, eps)  # the statistics PyTorch returns are empty here
+        return [out, None, None] + ([rm, rv] if name.endswith("functional") else [])
+    outs = _bn_training(imp, x, w, b, rm, rv, float(momentum), float(eps))
+    if name.endswith("functional"):
+        return outs
+    return outs[:3]
