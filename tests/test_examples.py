@@ -99,12 +99,13 @@ def test_compare_tools_compares_a_workload_and_a_model(tmp_path):
 
 
 def test_tutorial_5_gpu_checks_an_opencl_kernel_and_prints_its_cuda_form(tmp_path):
-    from ansor.measure.opencl import opencl_platforms
+    from ansor.measure.opencl import platform_problem
     try:
-        if "Portable Computing Language" not in opencl_platforms():
-            pytest.skip("PoCL is not installed (pip install 'ansor[opencl]')")
+        problem = platform_problem("Portable Computing Language")
     except Exception:  # noqa: BLE001 - pyopencl missing
-        pytest.skip("pyopencl is not installed (pip install 'ansor[opencl]')")
+        problem = "pyopencl is not installed (pip install 'ansor[opencl]')"
+    if problem:
+        pytest.skip(problem)
     out = _run("tutorial_5_gpu.py", "--small", "--trials", "2", "--out", str(tmp_path / "cuda"), cwd=tmp_path)
     assert "best OpenCL program: max error against numpy" in out
     assert "blocks of" in out and "shared: A.shared" in out and "values accumulated by each thread" in out

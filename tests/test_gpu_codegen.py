@@ -28,16 +28,19 @@ from helpers import OPERATORS, assert_close, random_inputs, run_state
 OPENCL = ansor.Target.opencl()
 
 
-def _pocl_available() -> bool:
+def _pocl_problem() -> str | None:
     try:
-        from ansor.measure.opencl import opencl_platforms
-        return "Portable Computing Language" in opencl_platforms()
-    except Exception:  # noqa: BLE001 - pyopencl missing or no ICD: the tests that run skip
-        return False
+        from ansor.measure.opencl import platform_problem
+        return platform_problem("Portable Computing Language")
+    except Exception as exc:  # noqa: BLE001 - pyopencl missing or no ICD: the tests that run skip
+        return f"pyopencl is not usable ({exc}): pip install 'ansor[opencl]'"
 
 
-needs_pocl = pytest.mark.skipif(not _pocl_available(), reason="pyopencl with PoCL is not installed "
-                                "(pip install 'ansor[opencl]')")
+def _pocl_available() -> bool:
+    return _pocl_problem() is None
+
+
+needs_pocl = pytest.mark.skipif(not _pocl_available(), reason=str(_pocl_problem()))
 
 
 def run_opencl(source: str, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> list[np.ndarray]:

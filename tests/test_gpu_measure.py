@@ -11,12 +11,12 @@ from ansor.measure.cuda import CudaBuilder, CudaKernel, NoCudaDeviceError, nvcc_
 from ansor.measure.gpu_module import GPUBuffer, GPUModule, KernelLaunch, launch_header
 from ansor.measure.oclgrind import oclgrind_available, race_check
 from ansor.measure.opencl import (DEFAULT_PLATFORM, OpenCLBuilder, OpenCLKernel, OpenCLRunner,
-                                  OpenCLUnavailableError, find_device, opencl_platforms)
+                                  OpenCLUnavailableError, find_device, opencl_platforms, platform_problem)
 
 FAST = TimingPolicy(warmup=0, repeat=2, min_repeat_ms=0.0)
 
-needs_pocl = pytest.mark.skipif(DEFAULT_PLATFORM not in opencl_platforms(),
-                                reason="PoCL is not installed: pip install 'ansor[opencl]'")
+needs_pocl = pytest.mark.skipif(platform_problem(DEFAULT_PLATFORM) is not None,
+                                reason=str(platform_problem(DEFAULT_PLATFORM)))
 needs_oclgrind = pytest.mark.skipif(not oclgrind_available(),
                                     reason="Oclgrind is not installed: pip install 'ansor[opencl]'")
 needs_nvcc = pytest.mark.skipif(not nvcc_available(), reason="nvcc is not on PATH")

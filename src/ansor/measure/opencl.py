@@ -70,6 +70,30 @@ def opencl_platforms() -> list[str]:
         return []
 
 
+@cache
+def platform_problem(platform: str = DEFAULT_PLATFORM) -> str | None:
+    """Why programs cannot run on the named platform here, or None when a trivial kernel
+    builds: it may be missing, or present but unable to compile for this CPU (PoCL's LLVM
+    names a CPU newer than itself 'generic', and every build fails). Checked once per process."""
+    if platform not in opencl_platforms():
+        return f"the OpenCL platform {platform!r} is not installed (pip install {INSTALL_HINT})"
+    cl = _pyopencl()
+    program = None
+    try:
+        device = find_device(platform)
+        program = cl.Program(cl.Context([device]), "__kernel void probe(__global float* x) { x[0] += 1.0f; }")
+        program.build()
+    except Exception as exc:  # noqa: BLE001 - any failure to build means nothing runs here
+        log = ""
+        try:
+            log = program.get_build_info(device, cl.program_build_info.LOG) if program is not None else ""
+        except Exception:  # noqa: BLE001 - no log to add
+            pass
+        text = " ".join((log or str(exc)).split())
+        return f"{platform} cannot build programs on this machine: {text[:200]}"
+    return None
+
+
 def find_device(platform: str = DEFAULT_PLATFORM) -> cl.Device:
     """The first device of the named platform; the error names the platforms that are there."""
     cl = _pyopencl()
