@@ -555,7 +555,7 @@ def cmd_viz(args) -> int:
             (f" --database {args.database}" if args.database else "")
         print(f"ansor: no record of {args.workload} {list(task.outputs[0].shape)} on {task.target.key} in "
               f"{db_path}; tune it first: {again}", file=sys.stderr)
-        return 1
+        return 2
     record, _ = found
     view = visualize(record, task=task, path=args.output, remeasure=args.remeasure,
                      on_measure=lambda message: print(f"ansor: {message}", file=sys.stderr),
@@ -685,7 +685,7 @@ def cmd_tune_model(args) -> int:
             if before:
                 print(f"ansor: resuming: the database holds {before} records of this model's {len(model.tasks)} "
                       f"tasks (never measured again); this run measures {args.trials} more", file=sys.stderr)
-            results = tune_model(model, store, args.trials, resume=False, scheduler=args.scheduler, seed=args.seed,
+            results = tune_model(model, store, args.trials, scheduler=args.scheduler, seed=args.seed,
                                  timeout=args.timeout, time_budget=args.time_budget, callbacks=progress)
             added = spent_trials(model, store) - before
     except KeyboardInterrupt as exc:

@@ -359,8 +359,10 @@ def build_model(graph: Graph, store: RecordStore | None = None, target: Target |
     if verbose:
         untuned = sum(1 for k in compiled if k.record is None)
         if untuned:
-            print(f"ansor: {untuned} of {len(compiled)} kernels of the model have no tuning record and run "
-                  f"an untuned default schedule (ansor.tune(graph) finds better ones)", file=sys.stderr)
+            where = f" in {store.path}" if store is not None else " (no record store given)"
+            print(f"ansor: {untuned} of {len(compiled)} kernels of the model have no tuning record{where} and "
+                  f"run an untuned default schedule (tune the model into this database, or build from the "
+                  f"database it was tuned into)", file=sys.stderr)
         if tasks.fallbacks:
             print(f"ansor: {len(tasks.fallbacks)} subgraphs run with numpy reference kernels "
                   f"(no compiled form): {tasks.fallbacks[0].fallback_reason}", file=sys.stderr)

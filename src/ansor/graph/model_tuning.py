@@ -5,9 +5,11 @@ how often each occurs, and are tuned together by `ansor.tuning.job.tune` with on
 gradient task scheduler by default, which spends trials where they lower the model's estimated
 latency (the weighted sum of the tasks' best latencies) most.
 
-`trials` is the budget of the whole model. A rerun with the same database resumes: the records
-its tasks already hold count as spent trials, so `tune_model(g, trials=2000)` twice measures
-2000 programs in all, not 4000.
+`trials` is the number of programs this job measures across the model's tasks, as for a task's
+`tune`. A rerun with the same database resumes: programs the store holds are never measured
+again and the model learns from them; `count_existing=True` makes `trials` a budget for the
+whole model instead (records its tasks hold count as spent, so `tune_model(g, s, 2000,
+count_existing=True)` twice measures 2000 programs in all).
 """
 
 from __future__ import annotations
@@ -29,10 +31,10 @@ MIN_MEASURES_PER_ROUND = 16
 
 
 def tune_model(graph: Graph | ModelTasks, store: RecordStore, trials: int = 1000, target: Target | None = None,
-               resume: bool = True, winograd: bool = True, callbacks: Sequence[TuningCallback] = (),
+               count_existing: bool = False, winograd: bool = True, callbacks: Sequence[TuningCallback] = (),
                notify: Callable[[str], None] | None = None, **options: Any) -> list[TuneResult]:
     """Tune the distinct tasks of `graph` with `trials` measurements in all (records already in
-    the store for these tasks count against them when `resume`). `winograd` as in
+    the store for these tasks count against them with `count_existing`). `winograd` as in
     `build_model`. Further keyword options are `TuneOptions` (seed, time_budget, timeout,
     policy, ...; the scheduler is "gradient" unless given). `notify` receives a line when the
     job resumes. Returns one TuneResult per distinct task, in `extract_tasks` order."""
@@ -41,9 +43,11 @@ def tune_model(graph: Graph | ModelTasks, store: RecordStore, trials: int = 1000
         raise ValueError("tune_model: the model has no subgraph with a compiled form to tune")
     if trials < 0:
         raise ValueError(f"tune_model: trials must be >= 0, got {trials}")
-    spent = spent_trials(model, store) if resume else 0
+    spent = spent_trials(model, store)
     if notify is not None and spent:
-        notify(resume_message(model, spent, trials))
+        notify(resume_message(model, spent, trials, count_existing))
+    if not count_existing:
+        spent = 0
     options.setdefault("scheduler", "gradient")
     options.setdefault("measures_per_round", max(
         MIN_MEASURES_PER_ROUND, min(TuneOptions.measures_per_round, trials // len(model.tasks))))
@@ -57,9 +61,12 @@ def spent_trials(model: ModelTasks, db: RecordStore) -> int:
     return sum(db.count(t.workload_key, t.target.key) for t in model.tasks)
 
 
-def resume_message(model: ModelTasks, spent: int, trials: int) -> str:
-    return (f"the database holds {spent} records of this model's {len(model.tasks)} tasks; "
-            f"{max(0, trials - spent)} of {trials} trials left")
+def resume_message(model: ModelTasks, spent: int, trials: int, count_existing: bool = False) -> str:
+    """What a resumed job says before it starts."""
+    held = f"the database holds {spent} records of this model's {len(model.tasks)} tasks (never measured again)"
+    if count_existing:
+        return f"{held}; {max(0, trials - spent)} of {trials} trials left"
+    return f"{held}; this run measures {trials} more"
 
 
 def estimated_latency(model: ModelTasks, results: list[TuneResult]) -> float:

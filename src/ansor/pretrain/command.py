@@ -42,7 +42,10 @@ def add_pretrain_parser(sub: Any) -> argparse.ArgumentParser:
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     steps = parser.add_subparsers(dest="pretrain_command", metavar="STEP", required=True)
 
-    c = steps.add_parser("collect", help="tune the corpus into a database (a rerun tops up what is missing)")
+    c = steps.add_parser("collect", help="tune the corpus into a database (a rerun tops up what is missing)",
+                         description="Tune every workload of the corpus (the reference models' subgraphs and "
+                                     "operators at random shapes) into a database; a workload with fewer "
+                                     "records than --trials is tuned again, so a rerun resumes.")
     c.add_argument("--database", default="corpus.db", help="the corpus database (default corpus.db)")
     c.add_argument("--trials", type=int, default=64,
                    help="programs per workload; workloads with fewer records are tuned (default 64)")
@@ -51,23 +54,32 @@ def add_pretrain_parser(sub: Any) -> argparse.ArgumentParser:
                         f"default {','.join(DEFAULT_MODELS)}; needs the models extra)")
     c.add_argument("--random", type=int, default=40, help="operators at random shapes (default 40)")
     c.add_argument("--seed", type=int, default=0, help="seed of the random shapes and the searches (default 0)")
-    c.add_argument("--quiet", action="store_true", help="no progress display, a line per workload only")
+    c.add_argument("--quiet", action="store_true",
+                   help="no progress display, a line per workload only (default: the display)")
 
-    t = steps.add_parser("train", help="score on held-out workloads, train on all, install")
-    t.add_argument("--databases", nargs="+", required=True, help="databases of measured corpus programs")
+    t = steps.add_parser("train", help="score on held-out workloads, train on all, install",
+                         description="Judge the model on workloads left out of its training (folds of "
+                                     "workloads), then train it on every program and write it where asked.")
+    t.add_argument("--databases", nargs="+", required=True,
+                   help="databases of measured corpus programs (default: none, required)")
     t.add_argument("--target", default=None, help="target key (default: the first database's first target)")
     t.add_argument("--folds", type=int, default=5, help="workload folds for the held-out scores (1: none; default 5)")
     t.add_argument("--seed", type=int, default=0, help="seed of the folds and the models (default 0)")
-    t.add_argument("--json", help="write the provenance and the per-workload scores to this file too")
-    t.add_argument("--output", help="write the trained model to this file (what `score --models` reads)")
-    t.add_argument("--install", action="store_true", help="write the model and its provenance into the package")
+    t.add_argument("--json", help="write the provenance and the per-workload scores to this file too (default: none)")
+    t.add_argument("--output", help="write the trained model to this file, what `score --models` reads "
+                                    "(default: none)")
+    t.add_argument("--install", action="store_true",
+                   help="write the model and its provenance into the package (default: not installed)")
     t.add_argument("--rounds", type=int, default=PRETRAIN_ROUNDS,
                    help=f"trees to grow (default {PRETRAIN_ROUNDS}; early stopping may grow fewer)")
     t.add_argument("--continue-shipped", action="store_true",
-                   help="grow the trees on top of the model shipped in the package")
+                   help="grow the trees on top of the model shipped in the package (default: a new model)")
 
-    r = steps.add_parser("score", help="rank the records of unseen workloads with model files")
-    r.add_argument("--databases", nargs="+", required=True, help="records of workloads outside every corpus")
+    r = steps.add_parser("score", help="rank the records of unseen workloads with model files",
+                         description="Pairwise ranking accuracy of model files on records of workloads none "
+                                     "of them was trained on, overall and per workload.")
+    r.add_argument("--databases", nargs="+", required=True,
+                   help="records of workloads outside every corpus (default: none, required)")
     r.add_argument("--models", nargs="*", help="model files (default: the shipped one)")
     r.add_argument("--target", default=None, help="target key (default: the first database's first target)")
     return parser
