@@ -202,9 +202,13 @@ def test_tuned_model_uses_its_records_and_a_rerun_resumes(tmp_path, capfd):
     db = str(tmp_path / "tuned.db")
     results = ansor.tune(graph, trials=16, database=db, seed=0, progress=False)
     assert len(results) == 1 and results[0].trials == 16 and results[0].best_cost < float("inf")
-    again = ansor.tune(graph, trials=16, database=db, seed=0, progress=True)
-    assert again[0].trials == 0  # the records of the first run count against the budget
+    again = ansor.tune(graph, trials=16, database=db, seed=0, progress=True, count_existing=True)
+    assert again[0].trials == 0  # as a whole-model budget, the first run's records spend it
     assert "0 of 16 trials left" in capfd.readouterr().err
+    more = ansor.tune(graph, trials=4, database=db, seed=1, progress=True)
+    assert more[0].trials == 4 and "this run measures 4 more" in capfd.readouterr().err
+    keys = [r.state_key for r in ansor.Database(db).records()]
+    assert len(set(keys)) >= 20  # resumed: nothing measured again as if new
     compiled = ansor.build(graph, database=db)
     assert all(k.record is not None for k in compiled.kernels.values())
     with torch.no_grad():

@@ -82,7 +82,7 @@ def _compile(gm: Any, example_inputs: Sequence[Any], weight_positions: list[int]
              activation_positions: list[int], database: Any, trials: int, verbose: bool, winograd: bool):
     import torch
 
-    import ansor
+    from ansor.api import build, tune
     from ansor.graph.torch_importer import from_torch
 
     if any(not isinstance(example_inputs[i], torch.Tensor) for i in activation_positions):
@@ -90,8 +90,8 @@ def _compile(gm: Any, example_inputs: Sequence[Any], weight_positions: list[int]
     module = _bound_weights_module(gm, example_inputs, weight_positions)
     graph = from_torch(module, tuple(example_inputs[i].detach() for i in activation_positions))
     if trials > 0:
-        ansor.tune(graph, trials=trials, database=database, progress=verbose, winograd=winograd)
-    return ansor.build(graph, database=database, verbose=verbose, winograd=winograd)
+        tune(graph, trials=trials, database=database, progress=verbose, winograd=winograd)
+    return build(graph, database=database, verbose=verbose, winograd=winograd)
 
 
 def _check_against_eager(gm: Any, compiled: Any, example_inputs: Sequence[Any], activation_positions: list[int],
