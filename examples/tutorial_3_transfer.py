@@ -68,13 +68,16 @@ def main() -> None:
         transfer = ansor.tune(make_task(args.workload, shape), database=transfer_db,
                               transfer_from=source, **common)
         print(f"   best {transfer.best_gflops:.1f} GFLOP/s")
-    goal = 0.95 * scratch.best_gflops
+    # the goal comes from the curves themselves (search-time figures), so the sentence below and
+    # the plot say the same thing; the confirmed bests above are re-measured, often a bit lower
+    goal = 0.95 * max((g for _, g in scratch.curve), default=0.0)
     n_scratch, n_transfer = trials_to_reach(scratch.curve, goal), trials_to_reach(transfer.curve, goal)
     print(f"trials to reach 95% of the from-scratch best ({goal:.1f} GFLOP/s): from scratch {n_scratch}, "
           f"with transfer {n_transfer if n_transfer is not None else f'not within {args.trials}'}"
           + (f" ({n_transfer / n_scratch:.2f}x)" if n_transfer and n_scratch else ""))
-    plot_curves({f"B from scratch": scratch.curve, f"B from A's records ({source.key})": transfer.curve},
-                args.plot, f"{args.workload} {shape} on {host.key}")
+    plot_curves({"B from scratch": scratch.curve, f"B from A's records ({source.key})": transfer.curve},
+                args.plot, f"{args.workload} {shape} on {host.key}",
+                goal=(goal, "95% of the best found from scratch"))
     print(f"curves: {args.plot}")
 
 

@@ -216,8 +216,10 @@ def summary_table(summary: list[dict]) -> Table:
     return table
 
 
-def plot_curves(curves: dict[str, Sequence[tuple[int, float]]], path: str, title: str = "tuning curve") -> str:
-    """Best GFLOP/s against trials, one line per curve; saves a PNG."""
+def plot_curves(curves: dict[str, Sequence[tuple[int, float]]], path: str, title: str = "tuning curve",
+                goal: tuple[float, str] | None = None) -> str:
+    """Best GFLOP/s against trials, one line per curve, and a dashed `goal` line (GFLOP/s,
+    label) when a conclusion is drawn from it; saves a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -228,6 +230,8 @@ def plot_curves(curves: dict[str, Sequence[tuple[int, float]]], path: str, title
         if pts:
             xs, ys = zip(*pts)
             ax.plot(xs, ys, label=label, linewidth=2)
+    if goal is not None:
+        ax.axhline(goal[0], color="gray", linestyle="--", linewidth=1, label=goal[1])
     ax.set_xlabel("trials (programs measured)")
     ax.set_ylabel("best GFLOP/s so far")
     ax.set_title(title)

@@ -360,7 +360,7 @@ def _unary(imp: _OnnxImporter, node: Any) -> None:
     imp.emit(node, op, [imp.value(node.input[0])])
 
 
-@_handles(*_BINARY)
+@_handles(*_BINARY, attrs=("broadcast", "axis"))
 def _binary(imp: _OnnxImporter, node: Any) -> None:
     if node.op_type in ("Max", "Min", "Sum") and len(node.input) != 2:
         _variadic(imp, node)
@@ -373,7 +373,25 @@ def _binary(imp: _OnnxImporter, node: Any) -> None:
         return
     if node.op_type == "Pow" and dtype not in ("float32", "float64"):
         imp._unsupported(node, f"{dtype} base of")
-    imp.emit(node, _BINARY[node.op_type], [_operand(imp, node, name, dtype) for name in (a, b)])
+    left, right = (_operand(imp, node, name, dtype) for name in (a, b))
+    imp.emit(node, _BINARY[node.op_type], [left, _legacy_broadcast(imp, node, a, b, right)])
+
+
+def _legacy_broadcast(imp: _OnnxImporter, node: Any, a: str, b: str, right: str) -> str:
+    """Before opset 7, `broadcast=1, axis=k` laid B's axes along A's from axis k (numpy aligns
+    them at the end): B gets trailing axes of one so that numpy's rule means the same."""
+    if _attr(node, "axis", None) is None:
+        return right
+    if not _attr(node, "broadcast", 0):
+        imp._unsupported(node, "axis without broadcast of")
+    rank_a, shape_b = len(imp.shape(a)), imp.shape(b)
+    axis = int(_attr(node, "axis", 0)) % max(rank_a, 1)
+    trailing = rank_a - axis - len(shape_b)
+    if trailing < 0:
+        imp._unsupported(node, f"broadcast of rank {len(shape_b)} at axis {axis} of")
+    if trailing == 0:
+        return right
+    return imp.graph.add_node("reshape", [right], {"shape": tuple(shape_b) + (1,) * trailing})
 
 
 def _operand(imp: _OnnxImporter, node: Any, name: str, dtype: str) -> str:
@@ -481,23 +499,36 @@ def _where(imp: _OnnxImporter, node: Any) -> None:
 # ---------------------------------------------------------------------------- dense
 @_handles("Conv", attrs=("auto_pad", "pads", "strides", "dilations", "group", "kernel_shape"))
 def _conv(imp: _OnnxImporter, node: Any) -> None:
+    """2-d convolutions; a 1-d one is the 2-d one over an image of height 1."""
     if _text(_attr(node, "auto_pad", "NOTSET")) != "NOTSET":
         imp._unsupported(node, "auto_pad of")
     w_shape = imp.shape(node.input[1])
-    if len(w_shape) != 4:
+    if len(w_shape) not in (3, 4):
         imp._unsupported(node, f"{len(w_shape) - 2}-d")
     kernel = _attr(node, "kernel_shape", None)
     if kernel is not None and tuple(kernel) != tuple(w_shape[2:]):
         imp._unsupported(node, f"kernel_shape {list(kernel)} unlike the weight's {list(w_shape[2:])} of")
-    pads = list(_attr(node, "pads", [0, 0, 0, 0]))
-    x = imp.value(node.input[0])
+    one_d = len(w_shape) == 3
+    pads = list(_attr(node, "pads", [0] * (2 * (len(w_shape) - 2))))
+    strides = list(_attr(node, "strides", [1] * (len(w_shape) - 2)))
+    dilations = list(_attr(node, "dilations", [1] * (len(w_shape) - 2)))
+    x, w = imp.value(node.input[0]), imp.value(node.input[1])
+    if one_d:
+        n, c, length = imp.shape(node.input[0])
+        x = imp.graph.add_node("reshape", [x], {"shape": (n, c, 1, length)})
+        w = imp.graph.add_node("reshape", [w], {"shape": (w_shape[0], w_shape[1], 1, w_shape[2])})
+        pads, strides, dilations = [0, pads[0], 0, pads[1]], [1, *strides], [1, *dilations]
     if pads[0] != pads[2] or pads[1] != pads[3]:  # asymmetric: pad first, then convolve
         x = imp.graph.add_node("pad", [x], {"pads": ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3]))})
         pads = [0, 0, 0, 0]
     bias = [imp.value(node.input[2])] if len(node.input) > 2 and node.input[2] else []
-    inputs = [x, imp.value(node.input[1]), *bias]
-    imp.emit(node, "conv2d", inputs, stride=tuple(_attr(node, "strides", [1, 1])), padding=(pads[0], pads[1]),
-             dilation=tuple(_attr(node, "dilations", [1, 1])), groups=int(_attr(node, "group", 1)))
+    out = imp.graph.add_node("conv2d", [x, w, *bias], {
+        "stride": tuple(strides), "padding": (pads[0], pads[1]), "dilation": tuple(dilations),
+        "groups": int(_attr(node, "group", 1))}, source=f"ONNX Conv {node.name!r}")
+    if one_d:
+        n_, o, _, l_out = imp.graph.type_of(out).shape
+        out = imp.graph.add_node("reshape", [out], {"shape": (n_, o, l_out)})
+    imp.values[node.output[0]] = out
 
 
 @_handles("MatMul")
@@ -505,7 +536,7 @@ def _matmul(imp: _OnnxImporter, node: Any) -> None:
     imp.emit(node, "matmul", [imp.value(node.input[0]), imp.value(node.input[1])])
 
 
-@_handles("Gemm", attrs=("alpha", "beta", "transA", "transB"))
+@_handles("Gemm", attrs=("alpha", "beta", "transA", "transB", "broadcast"))
 def _gemm(imp: _OnnxImporter, node: Any) -> None:
     a, b = node.input[0], node.input[1]
     alpha, beta = float(_attr(node, "alpha", 1.0)), float(_attr(node, "beta", 1.0))
@@ -583,9 +614,10 @@ def _gather_nd(imp: _OnnxImporter, node: Any) -> None:
 
 
 # ---------------------------------------------------------------------------- normalization
-@_handles("BatchNormalization", attrs=("epsilon", "momentum", "training_mode", "spatial"))
+@_handles("BatchNormalization", attrs=("epsilon", "momentum", "training_mode", "spatial", "is_test",
+                                       "consumed_inputs"))
 def _batch_norm(imp: _OnnxImporter, node: Any) -> None:
-    if _attr(node, "training_mode", 0):
+    if _attr(node, "training_mode", 0) or (imp.opset < 7 and not _attr(node, "is_test", 0)):
         imp._unsupported(node, "training mode of")
     if not _attr(node, "spatial", 1):
         imp._unsupported(node, "spatial=0 of")
@@ -651,14 +683,36 @@ def _pool_attrs(node: Any) -> dict[str, Any]:
 
 @_handles("MaxPool", attrs=("auto_pad", "pads", "kernel_shape", "strides", "ceil_mode", "dilations", "storage_order"))
 def _max_pool(imp: _OnnxImporter, node: Any) -> None:
-    imp.emit(node, "max_pool2d", [imp.value(node.input[0])], dilation=tuple(_attr(node, "dilations", [1, 1])),
-             **_pool_attrs(node))
+    rank = len(_attr(node, "kernel_shape", [1, 1]))
+    _pool(imp, node, "max_pool2d", {"dilation": tuple(_attr(node, "dilations", [1] * rank))})
 
 
 @_handles("AveragePool", attrs=("auto_pad", "pads", "kernel_shape", "strides", "ceil_mode", "count_include_pad"))
 def _avg_pool(imp: _OnnxImporter, node: Any) -> None:
-    imp.emit(node, "avg_pool2d", [imp.value(node.input[0])],
-             count_include_pad=bool(_attr(node, "count_include_pad", 0)), **_pool_attrs(node))
+    _pool(imp, node, "avg_pool2d", {"count_include_pad": bool(_attr(node, "count_include_pad", 0))})
+
+
+def _pool(imp: _OnnxImporter, node: Any, op: str, extra: dict[str, Any]) -> None:
+    """2-d pooling; a 1-d one pools an image of height 1 (a window of height 1, no padding)."""
+    x = imp.value(node.input[0])
+    shape = imp.shape(node.input[0])
+    if len(shape) != 3:
+        imp.emit(node, op, [x], **extra, **_pool_attrs(node))
+        return
+    kernel = list(_attr(node, "kernel_shape", [1]))
+    pads = list(_attr(node, "pads", [0, 0]))
+    if len(kernel) != 1 or pads[0] != pads[1]:
+        imp._unsupported(node, f"kernel {kernel} with pads {pads} of")
+    if _text(_attr(node, "auto_pad", "NOTSET")) != "NOTSET":
+        imp._unsupported(node, "auto_pad of")
+    attrs = {"kernel": (1, kernel[0]), "stride": (1, *_attr(node, "strides", [1])), "padding": (0, pads[0]),
+             "ceil_mode": bool(_attr(node, "ceil_mode", 0)), **extra}
+    if "dilation" in attrs:
+        attrs["dilation"] = (1, *attrs["dilation"])
+    flat = imp.graph.add_node("reshape", [x], {"shape": (shape[0], shape[1], 1, shape[2])})
+    out = imp.graph.add_node(op, [flat], attrs, source=f"ONNX {node.op_type} {node.name!r}")
+    n, c, _, length = imp.graph.type_of(out).shape
+    imp.emit(node, "reshape", [out], shape=(n, c, length))
 
 
 @_handles("GlobalAveragePool")
@@ -1029,3 +1083,40 @@ def _resize(imp: _OnnxImporter, node: Any) -> None:
              coordinate_transformation_mode=transform, nearest_mode=nearest,
              cubic_coeff_a=float(_attr(node, "cubic_coeff_a", -0.75)),
              exclude_outside=bool(_attr(node, "exclude_outside", 0)))
+
+
+@_handles("LeakyRelu", attrs=("alpha",))
+def _leaky_relu(imp: _OnnxImporter, node: Any) -> None:
+    x, dtype = imp.value(node.input[0]), imp.dtype(node.input[0])
+    negative = imp.graph.add_node("lt", [x, imp.scalar(0, dtype)])
+    scaled = imp.graph.add_node("mul", [x, imp.scalar(float(_attr(node, "alpha", 0.01)), dtype)])
+    imp.emit(node, "where", [negative, scaled, x])
+
+
+@_handles("PRelu")
+def _prelu(imp: _OnnxImporter, node: Any) -> None:
+    """x where x >= 0, slope * x below; a 1-d slope of the channel count is per channel."""
+    x, dtype = imp.value(node.input[0]), imp.dtype(node.input[0])
+    shape, slope_shape = imp.shape(node.input[0]), imp.shape(node.input[1])
+    slope = _operand(imp, node, node.input[1], dtype)
+    if len(shape) > 2 and len(slope_shape) == 1 and slope_shape[0] == shape[1] != shape[-1]:
+        slope = imp.graph.add_node("reshape", [slope], {"shape": (shape[1],) + (1,) * (len(shape) - 2)})
+    negative = imp.graph.add_node("lt", [x, imp.scalar(0, dtype)])
+    imp.emit(node, "where", [negative, imp.graph.add_node("mul", [x, slope]), x])
+
+
+@_handles("InstanceNormalization", attrs=("epsilon",))
+def _instance_norm(imp: _OnnxImporter, node: Any) -> None:
+    """(x - mean) / sqrt(var + eps) * scale + bias, statistics over each (n, c)'s spatial axes."""
+    shape, dtype = imp.shape(node.input[0]), imp.dtype(node.input[0])
+    axes = tuple(range(2, len(shape)))
+    per_channel = (shape[1],) + (1,) * (len(shape) - 2)
+    x = imp.value(node.input[0])
+    mean = imp.graph.add_node("mean", [x], {"axes": axes, "keepdims": True})
+    centered = imp.graph.add_node("sub", [x, mean])
+    var = imp.graph.add_node("mean", [imp.graph.add_node("mul", [centered, centered])], {"axes": axes, "keepdims": True})
+    eps = imp.scalar(float(_attr(node, "epsilon", 1e-5)), dtype)
+    normed = imp.graph.add_node("mul", [centered, imp.graph.add_node("rsqrt", [imp.graph.add_node("add", [var, eps])])])
+    scale = imp.graph.add_node("reshape", [imp.value(node.input[1])], {"shape": per_channel})
+    bias = imp.graph.add_node("reshape", [imp.value(node.input[2])], {"shape": per_channel})
+    imp.emit(node, "add", [imp.graph.add_node("mul", [normed, scale]), bias])
