@@ -169,8 +169,13 @@ def bench(name: str, args) -> dict:
             tune_model(tasks, store, trials, scheduler=args.scheduler, seed=args.seed,
                        time_budget=args.time_budget, callbacks=callbacks, **per_round)
         print(f"tuned {name} in {time.time() - start:.0f} s", flush=True)
-    compiled = ansor.build(graph, database=args.database, winograd=not args.no_winograd)
+    start = time.time()
+    compiled = ansor.build(graph, database=args.database, winograd=not args.no_winograd,
+                           quick_seconds=args.quick_seconds)
+    build_seconds = time.time() - start
     print(compiled.summary(), flush=True)
+    print(f"built in {build_seconds:.0f} s (tasks without records chose programs for up to "
+          f"{args.quick_seconds if args.quick_seconds is not None else 'the default'} s)", flush=True)
     x = [t.numpy() for t in inputs]
     with torch.no_grad():
         want = module(*inputs).numpy()
@@ -218,7 +223,8 @@ def bench(name: str, args) -> dict:
     row = {"model": name, "error": err, "timings_ms": {k: v[0] * 1e3 for k, v in timings.items()},
            "paired_ratios": {k: paired_ratio(t, turns["ansor"]) for k, t in turns.items()},
            "spreads": {k: v[1] for k, v in timings.items()}, "tasks": len(tasks.tasks), "steps_ms": kernels_ms,
-           "tuned": sum(1 for k in compiled.kernels.values() if k.record is not None)}
+           "tuned": sum(1 for k in compiled.kernels.values() if k.record is not None),
+           "build_seconds": build_seconds, "quick_seconds": args.quick_seconds}
     if curve is not None:
         row["curve"] = curve.points
         row["scheduler"] = args.scheduler
@@ -235,6 +241,9 @@ def main() -> None:
     parser.add_argument("--trials-per-task", type=int, default=0,
                         help="tune first: this many trials times the number of distinct tasks (default 0)")
     parser.add_argument("--scheduler", default="gradient", choices=["gradient", "round-robin"])
+    parser.add_argument("--quick-seconds", type=float, default=None,
+                        help="the build's time for choosing programs of tasks without records (default: "
+                             "ansor's, 0: untuned default schedules)")
     parser.add_argument("--time-budget", type=float, default=None, help="seconds of tuning per model")
     parser.add_argument("--per-round", type=int, default=None,
                         help="programs per round (default: tune_model's, min(64, trials per task))")

@@ -6,6 +6,9 @@ import pytest
 # model-guided first round is a full evolutionary search, seconds per test. The pretrained paths
 # are tested with the switch on (tests/test_costmodel.py, test_tune_end_to_end.py).
 os.environ.setdefault("ANSOR_PRETRAINED", "0")
+# A model built from an empty database keeps its default schedules unless a test asks for the
+# quick search (each would otherwise spend up to two minutes choosing programs).
+os.environ.setdefault("ANSOR_MODEL_QUICK_SECONDS", "0")
 
 from ansor.measure import Builder
 

@@ -385,3 +385,34 @@ def test_a_cnn_with_winograd_convolutions_compiled_through_every_door_matches_ea
     if door == "from_torch":  # the transformed weights travel into the C library too
         from_c = run_from_c(compiled, "winograd_net", x.numpy(), 10, tmp_path)
         np.testing.assert_allclose(from_c, compiled(x.numpy()).ravel(), rtol=0, atol=1e-6)
+
+
+def test_a_model_without_records_gets_chosen_programs_and_a_second_build_searches_nothing(tmp_path):
+    """The first build of a model measures programs for its tasks (default schedules among
+    them), records them and uses them; the second build finds them and measures nothing."""
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 8 * 8, 10)).eval()
+    x = torch.randn(1, 3, 8, 8)
+    graph = ansor.graph.from_torch(model, (x,))
+    db = str(tmp_path / "fresh.db")
+    first = ansor.build(graph, database=db, quick_seconds=120, verbose=False)
+    assert all(k.record is not None for k in first.kernels.values())
+    with torch.no_grad():
+        assert rel_err(first(x.numpy()), model(x).numpy()) < TOLERANCE
+    recorded = len(ansor.Database(db).records())
+    assert recorded >= len(first.kernels)
+    second = ansor.build(graph, database=db, quick_seconds=120, verbose=False)
+    assert len(ansor.Database(db).records()) == recorded
+    assert [k.record for k in second.kernels.values()] == [k.record for k in first.kernels.values()]
+    untouched = ansor.build(graph, database=str(tmp_path / "other.db"), quick_seconds=0, verbose=False)
+    assert all(k.record is None for k in untouched.kernels.values())
+
+
+def test_a_budget_smaller_than_a_round_per_task_still_covers_every_task(tmp_path):
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8), nn.Tanh()).eval()
+    graph = ansor.graph.from_torch(model, (torch.randn(2, 16),))
+    db = str(tmp_path / "small.db")
+    results = ansor.tune(graph, trials=4, database=db, seed=0, progress=False)
+    assert len(results) >= 2 and sum(r.trials for r in results) <= 4 + 4  # the lap, then no more
+    assert all(r.trials >= 1 and r.best_cost < float("inf") for r in results)

@@ -94,9 +94,9 @@ def test_tasks_share_one_cost_model(tmp_path, monkeypatch):
     seen = []
     real = tuner_mod.make_policy
 
-    def spy(policy, task, seed, cost_model=None):
+    def spy(policy, task, seed, cost_model=None, params=None):
         seen.append(cost_model)
-        return real(policy, task, seed, cost_model)
+        return real(policy, task, seed, cost_model, params)
 
     monkeypatch.setattr(tuner_mod, "make_policy", spy)
     ansor.tune([matmul_task(), matmul_task(16, 16, 16)], trials=2, database=str(tmp_path / "s.db"),

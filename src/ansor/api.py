@@ -95,7 +95,8 @@ def build(what: Any, database: RecordStore | str | None = None, *, check: bool =
             `OutputMismatchError` naming the first output out of tolerance and its errors.
         **keywords: For a Task `quick_trials` (0: the untuned default schedule when there is no
             record), `quick_seconds` (the quick search's time) or `state` (compile this
-            program); for a graph `target`, `verbose` and `winograd`.
+            program); for a graph `target`, `verbose`, `winograd` and `quick_seconds` (the
+            time, in all, for choosing programs of tasks without records; 0: untuned).
 
     Returns:
         A callable `Kernel` for a Task, a callable `CompiledModel` for a graph.
@@ -103,6 +104,8 @@ def build(what: Any, database: RecordStore | str | None = None, *, check: bool =
     store, owned = open_store(database)
     try:
         if isinstance(what, Graph):
+            if keywords.get("verbose", True) and "callbacks" not in keywords:
+                keywords["callbacks"] = [TuneProgress()]  # shown while tasks without records get programs
             return build_model(what, store, check=check, **keywords)
         kernel = build_task(what, store, **keywords)
         if check:

@@ -44,6 +44,8 @@ from ansor.measure.check import check_outputs, task_rtol
 from ansor.measure.sequence import KernelSequence
 from ansor.memory import aligned_copy, aligned_empty
 from ansor.target import Target
+from ansor.tuning.callbacks import TuningCallback
+from ansor.tuning.quick import model_quick_seconds, quick_search_tasks, tasks_without_records
 
 
 class OutputMismatchError(AssertionError):
@@ -346,14 +348,29 @@ def compare_outputs(model: CompiledModel, got: Sequence[np.ndarray], expected: S
 
 
 def build_model(graph: Graph, store: RecordStore | None = None, target: Target | None = None,
-                verbose: bool = True, winograd: bool = True, check: bool = False) -> CompiledModel:
-    """Compile `graph` with the best records of `store` for its tasks (default schedules
-    for tasks without one; numpy reference kernels for subgraphs without a te form). With
+                verbose: bool = True, winograd: bool = True, check: bool = False,
+                quick_seconds: float | None = None, callbacks: Sequence[TuningCallback] = ()) -> CompiledModel:
+    """Compile `graph` with the best records of `store` for its tasks (numpy reference kernels
+    for subgraphs without a te form). Tasks the store has no record of first get programs
+    chosen by the cost model and measured (`tuning.quick.quick_search_tasks`: the pretrained
+    model ranks, every task's default schedule is among the candidates, all recorded), for
+    `quick_seconds` in all (None: `MODEL_QUICK_SECONDS`, or $ANSOR_MODEL_QUICK_SECONDS; 0 or
+    no store: untuned default schedules); `callbacks` see that job (a progress display). With
     `winograd` False its 3x3 convolutions stay direct (tune the model the same way, since the
     two forms are different tasks). With `check`, the compiled model runs once on random inputs
     and is compared with the numpy executor (`CompiledModel.check`); a mismatch raises
     OutputMismatchError naming the first output out of tolerance."""
     tasks = extract_tasks(graph, target, winograd=winograd)
+    seconds = model_quick_seconds() if quick_seconds is None else quick_seconds
+    if store is not None and seconds > 0:
+        missing = tasks_without_records(tasks.tasks, store)
+        if missing:
+            if verbose:
+                print(f"ansor: {len(missing)} of {len(tasks.tasks)} kernels of the model have no record in "
+                      f"{store.path}: choosing programs for them with the cost model, up to {seconds:.0f} s "
+                      f"(quick_seconds= sets it, 0 builds them untuned; ansor.tune(graph) goes further)",
+                      file=sys.stderr)
+            quick_search_tasks(missing, store, seconds, callbacks=callbacks)
     compiled = build_many(tasks.tasks, store)
     kernels = {key: compiled[i] for key, i in tasks.task_index.items()}
     if verbose:

@@ -14,6 +14,7 @@ count_existing=True)` twice measures 2000 programs in all).
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Sequence
 
 from ansor.graph.ir import Graph
@@ -23,6 +24,7 @@ from ansor.target import Target
 from ansor.tuning.callbacks import TuningCallback
 from ansor.tuning.job import tune
 from ansor.tuning.options import TuneOptions
+from ansor.tuning.quick import MODEL_QUICK_LAP, quick_search_tasks, tasks_without_records
 from ansor.tuning.task_tuner import TuneResult
 
 #: fewest programs per round for a model's task: small rounds keep the scheduler responsive, but
@@ -37,7 +39,13 @@ def tune_model(graph: Graph | ModelTasks, store: RecordStore, trials: int = 1000
     the store for these tasks count against them with `count_existing`). `winograd` as in
     `build_model`. Further keyword options are `TuneOptions` (seed, time_budget, timeout,
     policy, ...; the scheduler is "gradient" unless given). `notify` receives a line when the
-    job resumes. Returns one TuneResult per distinct task, in `extract_tasks` order."""
+    job resumes. Returns one TuneResult per distinct task, in `extract_tasks` order.
+
+    Tasks without a record start with a lap of the quick search (`quick_search_tasks`: each
+    task's default schedule and the cost model's picks, MODEL_QUICK_LAP programs each, fewer
+    when `trials` is smaller than that lap) before the scheduler spends the rest where it
+    pays: a small budget covers the whole model, and no task is left on its default schedule
+    while another gets a second round."""
     model = graph if isinstance(graph, ModelTasks) else extract_tasks(graph, target, winograd=winograd)
     if not model.tasks:
         raise ValueError("tune_model: the model has no subgraph with a compiled form to tune")
@@ -51,9 +59,22 @@ def tune_model(graph: Graph | ModelTasks, store: RecordStore, trials: int = 1000
     options.setdefault("scheduler", "gradient")
     options.setdefault("measures_per_round", max(
         MIN_MEASURES_PER_ROUND, min(TuneOptions.measures_per_round, trials // len(model.tasks))))
-    opts = TuneOptions.from_keywords(trials=max(0, trials - spent), task_weights=model.weights, **options)
+    left = max(0, trials - spent)
+    started = time.time()
+    missing = tasks_without_records(model.tasks, store) if left else []
+    warm: list[TuneResult] = []
+    if missing and options.get("policy", "sketch.xgb") == "sketch.xgb":
+        per_task = max(1, min(MODEL_QUICK_LAP, left // len(missing)))
+        warm = quick_search_tasks(missing, store, options.get("time_budget"), per_task,
+                                  seed=options.get("seed") or 0, callbacks=callbacks)
+        left = max(0, left - sum(r.trials for r in warm))
+        if options.get("time_budget") is not None:
+            options["time_budget"] = max(1e-3, options["time_budget"] - (time.time() - started))
+    opts = TuneOptions.from_keywords(trials=left, task_weights=model.weights, **options)
     results = tune(model.tasks, opts, store, callbacks)
-    return results if isinstance(results, list) else [results]
+    results = results if isinstance(results, list) else [results]
+    first = {id(r.task): r for r in warm}
+    return [first[id(r.task)].then(r) if id(r.task) in first else r for r in results]
 
 
 def spent_trials(model: ModelTasks, db: RecordStore) -> int:

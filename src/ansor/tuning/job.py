@@ -18,6 +18,8 @@ from ansor.costmodel.model import CostModel
 from ansor.measure import check_compiler
 from ansor.records import RecordStore
 from ansor.replay import replay_records
+from ansor.search.basic import default_schedule
+from ansor.search.params import SearchParams
 from ansor.search.policy import SearchPolicy
 from ansor.store import open_store
 from ansor.task import Task
@@ -37,7 +39,7 @@ FIRST_ROUND = 4                # programs in the first of them; larger jobs keep
 
 
 def make_policy(policy: str | SearchPolicy, task: Task, seed: int | None,
-                cost_model: CostModel | None = None) -> SearchPolicy:
+                cost_model: CostModel | None = None, params: SearchParams | None = None) -> SearchPolicy:
     """A policy object from its name: 'sketch.xgb' is Ansor's full search (sketches, evolution,
     learned cost model); 'sketch.random' samples the sketch space at random; 'basic' is the
     first, template-like random search (kept for comparison)."""
@@ -50,7 +52,7 @@ def make_policy(policy: str | SearchPolicy, task: Task, seed: int | None,
             from ansor.costmodel.model import XGBModel
 
             cost_model = XGBModel(seed=seed if seed is not None else 43)
-        return SketchPolicy(task, seed, cost_model=cost_model if policy == "sketch.xgb" else None)
+        return SketchPolicy(task, seed, params=params, cost_model=cost_model if policy == "sketch.xgb" else None)
     if policy == "basic":
         from ansor.search.basic import RandomSearchPolicy
 
@@ -146,7 +148,7 @@ def _make_tuners(tasks: Sequence[Task], db: RecordStore, opts: TuneOptions,
     tuners: list[TaskTuner] = []
     try:
         for i, task in enumerate(tasks):
-            task_policy = make_policy(opts.policy, task, opts.seed, models.get(task.target.key))
+            task_policy = make_policy(opts.policy, task, opts.seed, models.get(task.target.key), opts.search_params)
             prior = db.best(task.workload_key, task.target.key)
             measurer = ProgramMeasurer(task, timeout=opts.timeout, timing=opts.timing, seed=0,
                                        best_cost=prior[0].median_cost if prior else math.inf)
@@ -161,6 +163,8 @@ def _make_tuners(tasks: Sequence[Task], db: RecordStore, opts: TuneOptions,
                 res.best_spread = spread(prior[0].costs)
             if tuner.measured_keys:
                 task_policy.preload(db.records(task.workload_key, task.target.key))
+            if opts.default_first and not tuner.measured_keys:
+                tuner.add_candidates([default_schedule(task)])
             for key in from_targets:
                 tuner.add_candidates(transferred_programs(task, db, key))
             tuner.start()

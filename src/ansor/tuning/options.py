@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 from ansor.measure import TimingPolicy
 from ansor.schedule.state import State
+from ansor.search.params import SearchParams
 from ansor.search.policy import SearchPolicy
 from ansor.target import Target
 from ansor.tuning.scheduler import TaskScheduler
@@ -54,6 +55,10 @@ class TuneOptions:
             programs there are measured first.
         first_programs: Programs (`State`s) of the one task, measured before anything the
             search proposes.
+        default_first: Each task's untuned default schedule is measured among its first
+            programs, so that what the job finds is never slower than building untuned.
+        search_params: The evolutionary search's parameters (`SearchParams`) for the
+            "sketch.xgb" and "sketch.random" policies; None for the defaults.
     """
 
     trials: int = 200
@@ -71,6 +76,8 @@ class TuneOptions:
     pretrained: bool | None = None
     transfer_from: Target | str | Sequence[Target | str] = ()
     first_programs: Sequence[State] = field(default_factory=tuple)
+    default_first: bool = False
+    search_params: SearchParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 0:

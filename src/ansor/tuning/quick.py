@@ -12,6 +12,7 @@ the next build (and a later `tune`) start from them.
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Sequence
 
@@ -28,6 +29,7 @@ from ansor.task import Task
 from ansor.tuning.callbacks import TuningCallback
 from ansor.tuning.job import tune
 from ansor.tuning.options import TuneOptions
+from ansor.tuning.task_tuner import TuneResult
 from ansor.tuning.transfer import shared_cost_model
 
 #: Programs measured when a workload has no record (0: the plain default schedule instead).
@@ -83,3 +85,57 @@ def build_task(task: Task, store: RecordStore | None = None, state: State | None
             warnings.warn(f"{task.name or 'the task'}: no quick search ({err}); building the "
                           f"untuned default schedule", stacklevel=2)
     return build_kernel(task, store)
+
+
+#: Seconds a model build spends, in all, choosing programs for its tasks without records (the
+#: first build of a model; `quick_seconds=` changes it, 0 builds them untuned). Each task gets
+#: its default schedule and the model's picks in turn, so when time runs out every task
+#: measured so far has a chosen program and the rest keep their default schedule.
+MODEL_QUICK_SECONDS = 120.0
+#: Programs per task in a model's quick build: its default schedule and the model's 3 best,
+#: then (time allowing) 4 more chosen by the model refitted on every task's first timings.
+MODEL_QUICK_PROGRAMS = 8
+#: Programs per task in one lap over the model's tasks.
+MODEL_QUICK_LAP = 4
+#: A smaller search per task than a single workload's quick build: a model has tens of tasks
+#: and one time budget.
+#: (On a loaded 2-core Zen 5, a 7-task CNN: 512 x 3 spent 46 of 66 s searching; 128 x 1 took
+#: 35 s but picked a convolution 4x slower; 256 x 2 is between.)
+MODEL_QUICK_SEARCH = SearchParams(evolutionary_search_population=256, evolutionary_search_num_iters=2,
+                                  sample_init_min_population=32, eps_greedy=0.0)
+
+
+def tasks_without_records(tasks: Sequence[Task], store: RecordStore) -> list[Task]:
+    """The tasks whose store holds no program that replays."""
+    return [t for t in tasks if not has_record(t, store)]
+
+
+def quick_search_tasks(tasks: Sequence[Task], store: RecordStore, seconds: float | None = MODEL_QUICK_SECONDS,
+                       programs_per_task: int = MODEL_QUICK_PROGRAMS, seed: int = 0,
+                       callbacks: Sequence[TuningCallback] = ()) -> list[TuneResult]:
+    """Choose and record programs for several tasks at once, laps of MODEL_QUICK_LAP programs
+    per task in turn (the first lap: each task's default schedule and the cost model's
+    best; later laps: the model refitted on every task's timings, one model for all), until
+    `programs_per_task` each or `seconds` (None: no limit). Returns the job's results."""
+    if not tasks or programs_per_task <= 0 or (seconds is not None and seconds <= 0):
+        return []
+    # the costliest first: when time runs out, what is left untuned is what matters least
+    tasks = sorted(tasks, key=lambda t: -t.flop)
+    options = TuneOptions(trials=programs_per_task * len(tasks),
+                          measures_per_round=min(MODEL_QUICK_LAP, programs_per_task),
+                          scheduler="round-robin", confirm_best=0, time_budget=seconds, seed=seed,
+                          default_first=True, search_params=MODEL_QUICK_SEARCH)
+    results = tune(list(tasks), options, store, callbacks)
+    return results if isinstance(results, list) else [results]
+
+
+def model_quick_seconds() -> float:
+    """The default time of a model build's quick search: $ANSOR_MODEL_QUICK_SECONDS when set
+    (0 turns it off, as the test suite does), else MODEL_QUICK_SECONDS."""
+    text = os.environ.get("ANSOR_MODEL_QUICK_SECONDS")
+    if text is None or not text.strip():
+        return MODEL_QUICK_SECONDS
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        raise ValueError(f"ANSOR_MODEL_QUICK_SECONDS={text!r} is not a number of seconds") from None

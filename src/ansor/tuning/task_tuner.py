@@ -41,6 +41,18 @@ class TuneResult:
     measure_seconds: float = 0.0   # code generation, compilation, checking and timing
     model_seconds: float = 0.0     # retraining the cost model on each measured batch
 
+    def then(self, later: TuneResult) -> TuneResult:
+        """This result followed by `later`'s, one job's worth (a model's warm-up lap, then its
+        tuning): trials, errors, times and the curve joined; the best is `later`'s (it started
+        from this one's records)."""
+        offset = self.trials
+        best = max((g for _, g in self.curve), default=0.0)
+        curve = list(self.curve) + [(t + offset, max(g, best)) for t, g in later.curve]
+        return TuneResult(later.task, later.best_cost, later.best_spread, self.trials + later.trials,
+                          self.error_counts + later.error_counts, curve, later.best_steps, self.prior_records,
+                          self.seconds + later.seconds, self.search_seconds + later.search_seconds,
+                          self.measure_seconds + later.measure_seconds, self.model_seconds + later.model_seconds)
+
     @property
     def errors(self) -> int:
         """Programs of this job that failed (any reason)."""
