@@ -174,8 +174,11 @@ def bench(name: str, args) -> dict:
                            quick_seconds=args.quick_seconds)
     build_seconds = time.time() - start
     print(compiled.summary(), flush=True)
-    print(f"built in {build_seconds:.0f} s (tasks without records chose programs for up to "
-          f"{args.quick_seconds if args.quick_seconds is not None else 'the default'} s)", flush=True)
+    from ansor.tuning.quick import model_quick_seconds
+
+    limit = args.quick_seconds if args.quick_seconds is not None else model_quick_seconds()
+    print(f"built in {build_seconds:.0f} s (tasks without records chose programs for up to {limit:g} s)",
+          flush=True)
     x = [t.numpy() for t in inputs]
     with torch.no_grad():
         want = module(*inputs).numpy()

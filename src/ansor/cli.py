@@ -151,12 +151,16 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--schedule", action="store_true",
                       help="also print each best program's loop nest (default: off)")
 
-    tm = sub.add_parser("tune-model", help="tune the fused subgraphs of an ONNX model together",
-                        description="Import an ONNX model, cut it into fused subgraphs and tune their distinct "
+    tm = sub.add_parser("tune-model", help="tune the fused subgraphs of an ONNX or PyTorch model together",
+                        description="Import a model (an ONNX file, or a PyTorch model from a Python file or "
+                                    "module), cut it into fused subgraphs and tune their distinct "
                                     "tasks under the task scheduler with one cost model. A rerun with the same "
                                     "database resumes: programs already there are never measured again, and "
                                     "--trials more are measured.")
-    tm.add_argument("model", help="an .onnx file with static input shapes")
+    tm.add_argument("model", help="an .onnx file with static input shapes, or a PyTorch model: a Python file "
+                                  "or module, FILE.py[:NAME] or pkg.mod[:NAME], whose NAME (default model) is a "
+                                  "function returning (module, example_inputs) or an nn.Module beside "
+                                  "example_inputs")
     tm.add_argument("--trials", type=_at_least(0), default=1000,
                     help="programs this run measures across the model's tasks, never one the database "
                          "already holds (default 1000)")
@@ -711,9 +715,12 @@ def cmd_run_model(args) -> int:
     from ansor.report import console
     from ansor.store import open_store
 
+    if not str(args.model).endswith(".onnx"):
+        raise ValueError(f"{args.model}: run-model takes an .onnx file (it checks against onnxruntime); a "
+                         f"PyTorch model runs through ansor.build or torch.compile(backend='ansor')")
     graph = load_model(args.model)
     db_path = args.database or str(ansor.default_database_path())
-    with open_store(db_path, create=False)[0] as db:
+    with open_store(db_path)[0] as db:  # writable: kernels without records get chosen programs, kept here
         compiled = ansor.build(graph, database=db, winograd=not args.no_winograd)
     console.print(compiled.summary())
     result = compare_compiled(args.model, graph, compiled, rounds=args.rounds,

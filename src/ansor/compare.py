@@ -374,13 +374,14 @@ def emulation_note(target: Any) -> str:
 
 
 def load_model(path: str | os.PathLike[str]) -> Any:
-    """The graph of an .onnx file; a path that is not one, a missing file or a file that is not
-    an ONNX model is a one-line error naming the file (ValueError, FileNotFoundError)."""
+    """The graph of a model file: an .onnx file, or a PyTorch model given as a Python file or
+    module (`model.py`, `pkg.mod`, either with `:NAME`; see `load_torch_model`). A missing file
+    or one that is not a model is a one-line error naming it (ValueError, FileNotFoundError)."""
     from ansor.graph import from_onnx
 
     path = str(path)
     if not path.endswith(".onnx"):
-        raise ValueError(f"{path}: give an .onnx file (PyTorch models: ansor.graph.from_torch in Python)")
+        return load_torch_model(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file")
     if os.path.isdir(path):
@@ -389,6 +390,54 @@ def load_model(path: str | os.PathLike[str]) -> Any:
         return from_onnx(path)
     except onnx_errors() as exc:
         raise ValueError(f"{path}: not a readable ONNX model ({_first_line(exc)})") from None
+
+
+def load_torch_model(spec: str) -> Any:
+    """The graph of a PyTorch model named by `spec`: a Python file (`model.py`) or an importable
+    module (`pkg.models`), optionally `:NAME`. NAME (default `model`) is a callable returning
+    `(module, example_inputs)`, or an `nn.Module` beside `example_inputs` in the same file;
+    the module is imported with `from_torch` in eval mode."""
+    import importlib
+    import importlib.util
+
+    where, _, name = spec.partition(":")
+    if where.endswith(".py"):
+        if not os.path.isfile(where):
+            raise FileNotFoundError(f"{where}: no such file")
+        loaded = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(where))[0], where)
+        source = importlib.util.module_from_spec(loaded)
+        try:
+            loaded.loader.exec_module(source)
+        except Exception as exc:  # the user's file: any error there is one line, naming it
+            raise ValueError(f"{where}: running it failed: {type(exc).__name__}: {_first_line(exc)}") from None
+    else:
+        try:
+            source = importlib.import_module(where)
+        except ImportError as exc:
+            raise ValueError(f"{spec}: give an .onnx file, a Python file or an importable module ({exc})") from None
+    found = getattr(source, name or "model", None)
+    if found is None:
+        raise ValueError(f"{spec}: defines no {name or 'model'!r} (a function returning (module, example_inputs), "
+                         f"or an nn.Module beside example_inputs)")
+    try:
+        import torch
+    except ImportError:
+        raise ValueError(f"{spec}: a PyTorch model needs torch (pip install torch==2.13.0)") from None
+    if isinstance(found, torch.nn.Module):
+        module, inputs = found, getattr(source, "example_inputs", None)
+    elif callable(found):
+        made = found()
+        if not (isinstance(made, tuple) and len(made) == 2):
+            raise ValueError(f"{spec}: {name or 'model'}() must return (module, example_inputs)")
+        module, inputs = made
+    else:
+        raise ValueError(f"{spec}: {name or 'model'!r} is neither an nn.Module nor a function")
+    if not isinstance(module, torch.nn.Module) or inputs is None:
+        raise ValueError(f"{spec}: needs an nn.Module and example_inputs (a tensor or a tuple of them)")
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    from ansor.graph import from_torch
+
+    return from_torch(module.eval(), inputs)
 
 
 def onnx_errors() -> tuple[type[BaseException], ...]:

@@ -362,7 +362,7 @@ def build_model(graph: Graph, store: RecordStore | None = None, target: Target |
     OutputMismatchError naming the first output out of tolerance."""
     tasks = extract_tasks(graph, target, winograd=winograd)
     seconds = model_quick_seconds() if quick_seconds is None else quick_seconds
-    if store is not None and seconds > 0:
+    if store is not None and not store.read_only and seconds > 0:
         missing = tasks_without_records(tasks.tasks, store)
         if missing:
             if verbose:
