@@ -142,3 +142,43 @@ def test_scans_gathers_and_resampling_match_pytorch():
         got = run(x.numpy(), idx.numpy())
         for g, e in zip(got, expected):
             np.testing.assert_allclose(np.asarray(g), e.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_gpt2_and_a_decoder_block_exported_by_torch_onnx_import_and_run_correct():
+    """Models as `torch.onnx.export` writes them (Split, Gemm, LayerNormalization, Where on a
+    causal mask...): imported with from_onnx, compiled, equal to PyTorch."""
+    transformers = pytest.importorskip("transformers")
+    from ansor.graph.compiled import build_model
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=100)
+
+    class Gpt2(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = transformers.GPT2Model(config).eval()
+
+        def forward(self, ids):
+            return self.model(input_ids=ids).last_hidden_state
+
+    class DecoderBlock(nn.Module):
+        def __init__(self, width: int = 48, heads: int = 4):
+            super().__init__()
+            self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+            self.attn = nn.MultiheadAttention(width, heads, batch_first=True)
+            self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+        def forward(self, x):
+            n = x.shape[1]
+            causal = torch.triu(torch.full((n, n), float("-inf")), diagonal=1)
+            h = self.norm1(x)
+            x = x + self.attn(h, h, h, attn_mask=causal, need_weights=False)[0]
+            return x + self.mlp(self.norm2(x))
+
+    cases = [(Gpt2().eval(), torch.randint(0, 100, (1, 16))), (DecoderBlock().eval(), torch.randn(2, 12, 48))]
+    for module, x in cases:
+        graph = from_onnx(export(module, x))
+        with torch.no_grad():
+            want = module(x).numpy()
+        compiled = build_model(graph, None, verbose=False)
+        np.testing.assert_allclose(compiled(x.numpy()), want, rtol=1e-4, atol=1e-4)
