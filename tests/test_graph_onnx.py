@@ -182,3 +182,31 @@ def test_gpt2_and_a_decoder_block_exported_by_torch_onnx_import_and_run_correct(
             want = module(x).numpy()
         compiled = build_model(graph, None, verbose=False)
         np.testing.assert_allclose(compiled(x.numpy()), want, rtol=1e-4, atol=1e-4)
+
+
+def test_three_d_and_transposed_convolutions_and_pools_match_pytorch():
+    """The numpy kernels of graph/spatial.py (3-d convolutions and pools, transposed
+    convolutions, Lp pools) through from_onnx, against PyTorch."""
+    from ansor.graph.compiled import build_model
+
+    torch.manual_seed(2)
+
+    class Spatial(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv3d = nn.Conv3d(2, 4, (3, 2, 3), stride=(1, 2, 1), padding=(1, 0, 1), groups=2)
+            self.up = nn.ConvTranspose2d(3, 6, 3, stride=2, padding=1, output_padding=1)
+
+        def forward(self, v, x):
+            a = nn.functional.max_pool3d(self.conv3d(v), 2)
+            b = nn.functional.avg_pool3d(v, (2, 3, 2), stride=1, padding=(0, 1, 1), count_include_pad=False)
+            return a, b, self.up(x), nn.functional.lp_pool2d(x, 2, 2)
+
+    module = Spatial().eval()
+    v, x = torch.randn(1, 2, 6, 8, 7), torch.randn(2, 3, 6, 6)
+    graph = from_onnx(export(module, v, x))
+    with torch.no_grad():
+        want = module(v, x)
+    got = build_model(graph, None, verbose=False)(v.numpy(), x.numpy())
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w.numpy(), rtol=1e-4, atol=1e-4)

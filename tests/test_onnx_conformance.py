@@ -17,7 +17,7 @@ from ansor.graph.onnx_conformance import model_cases, node_cases, run_case  # no
 ONCE_WRONG = {
     "test_flatten_negative_axis1": "pass", "test_flatten_negative_axis4": "pass",
     "test_gathernd_example_float32": "pass", "test_max_int32": "pass", "test_min_int64": "pass",
-    "test_averagepool_2d_dilations": "refused",
+    "test_averagepool_2d_dilations": "refused",  # dilated windows in ceil mode
 }
 
 
@@ -28,7 +28,7 @@ def test_cases_that_once_were_wrong_now_pass_or_are_refused():
         verdict = run_case(case)
         assert verdict.status == ONCE_WRONG[case.name], verdict
         if verdict.status == "refused":
-            assert "AveragePool" in verdict.reason and "dilations" in verdict.reason
+            assert "AveragePool" in verdict.reason and "ceil_mode" in verdict.reason
 
 
 def test_a_third_of_the_node_cases_gives_no_wrong_answer():
@@ -48,4 +48,5 @@ def test_the_shipped_model_folders_give_no_wrong_answer():
     verdicts = [run_case(c) for c in model_cases()]
     wrong = [v for v in verdicts if v.status == "wrong"]
     assert not wrong, "\n".join(f"{v.case}: {v.reason}" for v in wrong)
-    assert any(v.status == "pass" for v in verdicts)
+    passed = sum(v.status == "pass" for v in verdicts)
+    assert passed >= 0.95 * len(verdicts), [f"{v.case}: {v.reason}" for v in verdicts if v.status != "pass"]

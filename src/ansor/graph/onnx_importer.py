@@ -504,7 +504,8 @@ def _conv(imp: _OnnxImporter, node: Any) -> None:
         imp._unsupported(node, "auto_pad of")
     w_shape = imp.shape(node.input[1])
     if len(w_shape) not in (3, 4):
-        imp._unsupported(node, f"{len(w_shape) - 2}-d")
+        _spatial_node(imp, node, "conv_nd", len(w_shape) - 2)
+        return
     kernel = _attr(node, "kernel_shape", None)
     if kernel is not None and tuple(kernel) != tuple(w_shape[2:]):
         imp._unsupported(node, f"kernel_shape {list(kernel)} unlike the weight's {list(w_shape[2:])} of")
@@ -687,15 +688,21 @@ def _max_pool(imp: _OnnxImporter, node: Any) -> None:
     _pool(imp, node, "max_pool2d", {"dilation": tuple(_attr(node, "dilations", [1] * rank))})
 
 
-@_handles("AveragePool", attrs=("auto_pad", "pads", "kernel_shape", "strides", "ceil_mode", "count_include_pad"))
+@_handles("AveragePool", attrs=("auto_pad", "pads", "kernel_shape", "strides", "ceil_mode", "count_include_pad",
+                                "dilations"))
 def _avg_pool(imp: _OnnxImporter, node: Any) -> None:
     _pool(imp, node, "avg_pool2d", {"count_include_pad": bool(_attr(node, "count_include_pad", 0))})
 
 
 def _pool(imp: _OnnxImporter, node: Any, op: str, extra: dict[str, Any]) -> None:
-    """2-d pooling; a 1-d one pools an image of height 1 (a window of height 1, no padding)."""
+    """2-d pooling; a 1-d one pools an image of height 1 (a window of height 1, no padding);
+    3-d pools and dilated average pools run as numpy kernels (`pool_nd`)."""
     x = imp.value(node.input[0])
     shape = imp.shape(node.input[0])
+    dilated_average = op == "avg_pool2d" and any(d != 1 for d in _attr(node, "dilations", []))
+    if len(shape) > 4 or dilated_average:
+        _spatial_node(imp, node, "pool_nd", len(shape) - 2, kind="max" if op == "max_pool2d" else "avg")
+        return
     if len(shape) != 3:
         imp.emit(node, op, [x], **extra, **_pool_attrs(node))
         return
@@ -1120,3 +1127,41 @@ def _instance_norm(imp: _OnnxImporter, node: Any) -> None:
     scale = imp.graph.add_node("reshape", [imp.value(node.input[1])], {"shape": per_channel})
     bias = imp.graph.add_node("reshape", [imp.value(node.input[2])], {"shape": per_channel})
     imp.emit(node, "add", [imp.graph.add_node("mul", [normed, scale]), bias])
+
+
+def _spatial_node(imp: _OnnxImporter, node: Any, op: str, rank: int, kind: str = "max") -> None:
+    """A convolution, transposed convolution or pool of any spatial rank, as the numpy kernels
+    of `graph.spatial` run it (floor mode, explicit pads only)."""
+    if _text(_attr(node, "auto_pad", "NOTSET")) != "NOTSET":
+        imp._unsupported(node, "auto_pad of")
+    if _attr(node, "ceil_mode", 0):
+        imp._unsupported(node, f"ceil_mode of a {rank}-d")
+    pads = list(_attr(node, "pads", [0] * (2 * rank)))
+    attrs: dict[str, Any] = {"stride": tuple(_attr(node, "strides", [1] * rank)),
+                             "pads": tuple((pads[i], pads[i + rank]) for i in range(rank)),
+                             "dilation": tuple(_attr(node, "dilations", [1] * rank))}
+    inputs = [imp.value(node.input[0])]
+    if op == "pool_nd":
+        attrs.update(kind=kind, kernel=tuple(_attr(node, "kernel_shape", [1] * rank)),
+                     count_include_pad=bool(_attr(node, "count_include_pad", 0)), p=int(_attr(node, "p", 2)))
+    else:
+        kernel = _attr(node, "kernel_shape", None)
+        if kernel is not None and tuple(kernel) != tuple(imp.shape(node.input[1])[2:]):
+            imp._unsupported(node, f"kernel_shape {list(kernel)} unlike the weight's of")
+        inputs += [imp.value(n) for n in node.input[1:] if n]
+        attrs["groups"] = int(_attr(node, "group", 1))
+        if op == "conv_transpose":
+            attrs["output_padding"] = tuple(_attr(node, "output_padding", [0] * rank))
+    imp.emit(node, op, inputs, **attrs)
+
+
+@_handles("ConvTranspose", attrs=("auto_pad", "pads", "strides", "dilations", "group", "kernel_shape",
+                                  "output_padding"))
+def _conv_transpose(imp: _OnnxImporter, node: Any) -> None:
+    """Transposed convolutions of any spatial rank (numpy kernels; `output_shape` is refused)."""
+    _spatial_node(imp, node, "conv_transpose", len(imp.shape(node.input[1])) - 2)
+
+
+@_handles("LpPool", attrs=("auto_pad", "pads", "kernel_shape", "strides", "ceil_mode", "dilations", "p"))
+def _lp_pool(imp: _OnnxImporter, node: Any) -> None:
+    _spatial_node(imp, node, "pool_nd", len(imp.shape(node.input[0])) - 2, kind="lp")

@@ -548,6 +548,64 @@ def _trunc_div(types, attrs):
     return _binary(types, attrs)
 
 
+# ----------------------------------------------------------------------------- any spatial rank
+# (graph/spatial.py: numpy kernels; the 2-d forms above are the compiled ones)
+
+
+def _spatial_attrs(x: TensorType, attrs: dict[str, Any], kernel: Sequence[int]) -> int:
+    rank = len(x.shape) - 2
+    _check(rank >= 1 and len(kernel) == rank, f"kernel {list(kernel)} for an input of rank {len(x.shape)}")
+    for name in ("stride", "dilation", "pads"):
+        _check(len(attrs[name]) == rank, f"{name} {attrs[name]} for {rank} spatial axes")
+    return rank
+
+
+@_register("conv_nd", (2, 3), {"stride": (), "pads": (), "dilation": (), "groups": 1})
+def _conv_nd(types, attrs):
+    """Convolution over any number of spatial axes: x [N, C, *S], w [O, C / groups, *K]."""
+    from ansor.graph.spatial import conv_output_size
+
+    x, w = types[0], types[1]
+    _spatial_attrs(x, attrs, w.shape[2:])
+    _check(x.shape[1] == w.shape[1] * attrs["groups"] and w.shape[0] % attrs["groups"] == 0,
+           f"conv_nd: {x.shape[1]} channels, weight {w.shape}, groups {attrs['groups']}")
+    out = tuple(conv_output_size(s, k, st, d, lo, hi) for s, k, st, d, (lo, hi)
+                in zip(x.shape[2:], w.shape[2:], attrs["stride"], attrs["dilation"], attrs["pads"]))
+    _check(all(o > 0 for o in out), f"conv_nd: empty output {out}")
+    return TensorType((x.shape[0], w.shape[0], *out), x.dtype)
+
+
+@_register("conv_transpose", (2, 3), {"stride": (), "pads": (), "dilation": (), "groups": 1, "output_padding": ()})
+def _conv_transpose(types, attrs):
+    """The transpose of a convolution: x [N, C, *S], w [C, O / groups, *K]."""
+    from ansor.graph.spatial import conv_transpose_output_size
+
+    x, w = types[0], types[1]
+    _spatial_attrs(x, attrs, w.shape[2:])
+    _check(x.shape[1] == w.shape[0] and x.shape[1] % attrs["groups"] == 0,
+           f"conv_transpose: {x.shape[1]} channels, weight {w.shape}, groups {attrs['groups']}")
+    out = tuple(conv_transpose_output_size(s, k, st, d, lo, hi, op) for s, k, st, d, (lo, hi), op
+                in zip(x.shape[2:], w.shape[2:], attrs["stride"], attrs["dilation"], attrs["pads"],
+                       attrs["output_padding"]))
+    _check(all(o > 0 for o in out), f"conv_transpose: empty output {out}")
+    return TensorType((x.shape[0], w.shape[1] * attrs["groups"], *out), x.dtype)
+
+
+@_register("pool_nd", 1, {"kind": "max", "kernel": (), "stride": (), "pads": (), "dilation": (),
+                          "count_include_pad": False, "p": 2})
+def _pool_nd(types, attrs):
+    """Max, average or Lp pooling over any number of spatial axes (floor mode)."""
+    from ansor.graph.spatial import conv_output_size
+
+    x = types[0]
+    _spatial_attrs(x, attrs, attrs["kernel"])
+    _check(attrs["kind"] in ("max", "avg", "lp"), f"pool_nd: unknown kind {attrs['kind']!r}")
+    out = tuple(conv_output_size(s, k, st, d, lo, hi) for s, k, st, d, (lo, hi)
+                in zip(x.shape[2:], attrs["kernel"], attrs["stride"], attrs["dilation"], attrs["pads"]))
+    _check(all(o > 0 for o in out), f"pool_nd: empty output {out}")
+    return TensorType((*x.shape[:2], *out), x.dtype)
+
+
 def infer_type(op: str, types: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
     """The output type of `op` applied to inputs of `types` (raises ShapeError if it cannot)."""
     if op not in OPS:
@@ -607,3 +665,26 @@ def _masked_scatter(types, attrs):
     _check(broadcast_shapes(x.shape, mask.shape) == x.shape,
            f"masked_scatter: mask {mask.shape} does not broadcast to {x.shape}")
     return x
+
+
+@_register("max_pool2d_indices", 1, {"kernel": (1, 1), "stride": (1, 1), "padding": (0, 0),
+                                     "dilation": (1, 1), "ceil_mode": False})
+def _max_pool2d_indices(types, attrs):
+    """Where max_pool2d's maxima are (NCHW): int64 positions in the flattened H x W plane of
+    each channel, the first of equal maxima in window order, never a padding cell."""
+    out = _max_pool2d(types, {**attrs, "layout": "NCHW"})
+    return TensorType(out.shape, "int64")
+
+
+@_register("grid_sample", 2, {"mode": "bilinear", "padding_mode": "zeros", "align_corners": False})
+def _grid_sample(types, attrs):
+    """Samples of x [N, C, H, W] at the points of grid [N, Ho, Wo, 2] ((x, y) in [-1, 1]), as
+    torch.nn.functional.grid_sample: mode bilinear or nearest, padding_mode zeros, border or
+    reflection; the output is [N, C, Ho, Wo]."""
+    x, grid = types
+    _check(len(x.shape) == 4 and len(grid.shape) == 4 and grid.shape[3] == 2
+           and grid.shape[0] == x.shape[0], f"grid_sample: input {x.shape} and grid {grid.shape}")
+    _check(attrs["mode"] in ("bilinear", "nearest"), f"grid_sample: mode {attrs['mode']!r}")
+    _check(attrs["padding_mode"] in ("zeros", "border", "reflection"),
+           f"grid_sample: padding_mode {attrs['padding_mode']!r}")
+    return TensorType((x.shape[0], x.shape[1], grid.shape[1], grid.shape[2]), x.dtype)

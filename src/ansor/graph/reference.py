@@ -498,6 +498,28 @@ def _resize(xs, a):
     return resize(xs[0], a)
 
 
+@_kernel("conv_nd")
+def _conv_nd(xs, a):
+    from ansor.graph.spatial import conv_nd
+
+    return conv_nd(xs[0], xs[1], xs[2] if len(xs) > 2 else None, a["stride"], a["pads"], a["dilation"], a["groups"])
+
+
+@_kernel("conv_transpose")
+def _conv_transpose(xs, a):
+    from ansor.graph.spatial import conv_transpose_nd
+
+    return conv_transpose_nd(xs[0], xs[1], xs[2] if len(xs) > 2 else None, a["stride"], a["pads"],
+                             a["dilation"], a["groups"], a["output_padding"])
+
+
+@_kernel("pool_nd")
+def _pool_nd(xs, a):
+    from ansor.graph.spatial import pool_nd
+
+    return pool_nd(xs[0], a["kind"], a["kernel"], a["stride"], a["pads"], a["dilation"], a["count_include_pad"], a["p"])
+
+
 def run_node(graph: Graph, node: Node, args: list[np.ndarray]) -> np.ndarray:
     """Evaluate one node on numpy inputs, returning an array of the node's recorded type."""
     if node.op not in KERNELS:
@@ -509,7 +531,7 @@ def run_node(graph: Graph, node: Node, args: list[np.ndarray]) -> np.ndarray:
     channels_last = attrs.get("layout") == "NHWC"
     if channels_last:  # the kernels are written for NCHW: transpose in and out
         args = _nhwc_args_as_nchw(node.op, args)
-    if node.op in ("conv2d", "max_pool2d", "avg_pool2d"):
+    if node.op in ("conv2d", "max_pool2d", "avg_pool2d", "max_pool2d_indices"):
         attrs["out_hw"] = out_type.shape[1:3] if channels_last else out_type.shape[2:]
     for position, size, negative in gathered_indices(node, args):
         check_indices(node, position, np.asarray(args[position]), size, negative)
@@ -623,4 +645,81 @@ def _masked_scatter(xs, a):
         raise IndexError(f"masked_scatter: {count} places to fill from a source of {source.size}")
     out = x.copy()
     out[mask] = source.reshape(-1)[:count]
+    return out
+
+
+@_kernel("max_pool2d_indices")
+def _max_pool2d_indices(xs, a):
+    """PyTorch's rule: each window scans its cells inside the input in order and keeps the
+    first largest (a NaN wins); a window whose cells are all -inf keeps its first cell."""
+    x = xs[0]
+    h, w = x.shape[2:]
+    pads = _pool_pads(x, a)
+    xp = np.pad(x, ((0, 0), (0, 0)) + pads, constant_values=-np.inf)
+    ids = np.pad(np.arange(h * w, dtype=np.int64).reshape(1, 1, h, w), ((0, 0), (0, 0)) + pads,
+                 constant_values=-1)
+    win = _windows(xp, a["kernel"], a["stride"], a["dilation"], a["out_hw"])
+    id_win = _windows(ids, a["kernel"], a["stride"], a["dilation"], a["out_hw"])
+    flat = win.reshape(win.shape[:4] + (-1,))
+    flat_ids = np.broadcast_to(id_win.reshape(id_win.shape[:4] + (-1,)), flat.shape)
+    valid = flat_ids >= 0
+    nan = np.isnan(flat) & valid
+    key = np.where(valid, flat, -np.inf)
+    best = np.argmax(key, axis=-1)
+    last_nan = flat.shape[-1] - 1 - np.argmax(nan[..., ::-1], axis=-1)
+    best = np.where(nan.any(axis=-1), last_nan, best)
+    first_valid = np.argmax(valid, axis=-1)
+    picked = np.take_along_axis(flat_ids, best[..., None], axis=-1)[..., 0]
+    fallback = np.take_along_axis(flat_ids, first_valid[..., None], axis=-1)[..., 0]
+    return np.where(picked >= 0, picked, fallback)
+
+
+def _grid_coordinate(coord: np.ndarray, size: int, a: dict) -> np.ndarray:
+    """A normalized grid coordinate as a pixel coordinate of an axis of `size`, with
+    PyTorch's padding rule applied (border clips, reflection mirrors then clips), in the
+    input's dtype as PyTorch computes it."""
+    dtype = coord.dtype.type
+    if a["align_corners"]:
+        pos = (coord + dtype(1)) * dtype((size - 1) / 2)
+    else:
+        pos = (coord + dtype(1)) * dtype(size / 2) - dtype(0.5)
+    if a["padding_mode"] == "reflection":
+        low, high = (0.0, 2.0 * (size - 1)) if a["align_corners"] else (-1.0, 2.0 * size - 1)
+        if low == high:
+            pos = np.zeros_like(pos)
+        else:
+            lo, span = dtype(low / 2), dtype((high - low) / 2)
+            d = np.abs(pos - lo)
+            extra = np.fmod(d, span)
+            flips = np.floor(d / span)
+            pos = np.where(flips % 2 == 0, extra + lo, span - extra + lo)
+    if a["padding_mode"] in ("border", "reflection"):
+        pos = np.clip(pos, 0, size - 1)
+    return pos.astype(coord.dtype)
+
+
+@_kernel("grid_sample")
+def _grid_sample(xs, a):
+    x, grid = xs
+    n, c, h, w = x.shape
+    ix = _grid_coordinate(grid[..., 0], w, a)  # [N, Ho, Wo]
+    iy = _grid_coordinate(grid[..., 1], h, a)
+    batch = np.arange(n).reshape(n, 1, 1)
+
+    def read(yy: np.ndarray, xx: np.ndarray) -> np.ndarray:
+        """x at integer points (zero outside), as [N, C, Ho, Wo]."""
+        inside = (yy >= 0) & (yy < h) & (xx >= 0) & (xx < w)
+        v = x[batch, :, np.clip(yy, 0, h - 1), np.clip(xx, 0, w - 1)]  # [N, Ho, Wo, C]
+        return np.moveaxis(np.where(inside[..., None], v, 0), -1, 1)
+
+    if a["mode"] == "nearest":
+        with np.errstate(invalid="ignore"):
+            return read(np.rint(iy).astype(np.int64), np.rint(ix).astype(np.int64))
+    x0, y0 = np.floor(ix), np.floor(iy)
+    wx, wy = ix - x0, iy - y0
+    x0, y0 = x0.astype(np.int64), y0.astype(np.int64)
+    out = 0
+    for dy, fy in ((0, 1 - wy), (1, wy)):
+        for dx, fx in ((0, 1 - wx), (1, wx)):
+            out = out + read(y0 + dy, x0 + dx) * (fy * fx)[:, None]
     return out
