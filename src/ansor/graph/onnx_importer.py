@@ -779,7 +779,13 @@ def _transpose(imp: _OnnxImporter, node: Any) -> None:
 @_handles("Concat", attrs=("axis",))
 def _concat(imp: _OnnxImporter, node: Any) -> None:
     rank = len(imp.shape(node.input[0]))
-    imp.emit(node, "concat", [imp.value(n) for n in node.input], axis=int(_attr(node, "axis", 0)) % rank)
+    parts = [n for n in node.input if not (n in imp.known and imp.known[n].size == 0)]  # empty parts add nothing
+    if not parts:
+        imp._unsupported(node, "all-empty inputs of")
+    if len(parts) == 1:
+        imp.values[node.output[0]] = imp.value(parts[0])
+        return
+    imp.emit(node, "concat", [imp.value(n) for n in parts], axis=int(_attr(node, "axis", 0)) % rank)
 
 
 @_handles("Slice")
@@ -874,11 +880,13 @@ def _split(imp: _OnnxImporter, node: Any) -> None:
         if n % len(outputs):
             imp._unsupported(node, f"uneven split of {n} into {len(outputs)} of")
         sizes = [n // len(outputs)] * len(outputs)
-    if len(sizes) != len(outputs) or sum(sizes) != n or min(sizes) <= 0:
+    if len(sizes) != len(outputs) or sum(sizes) != n or min(sizes) < 0:
         imp._unsupported(node, f"split sizes {sizes} of an axis of {n} into {len(outputs)} outputs of")
     x, start = imp.value(node.input[0]), 0
     for out, size in zip(outputs, sizes):
-        if out:
+        if out and size == 0:  # an empty part holds nothing: known, and dropped where it is joined
+            imp.known[out] = np.empty(shape[:axis] + (0,) + shape[axis + 1:], imp.dtype(node.input[0]))
+        elif out:
             imp.values[out] = imp.graph.add_node("slice", [x], {"axis": axis, "start": start, "end": start + size,
                                                                 "step": 1}, source=f"ONNX Split {node.name!r}")
         start += size
@@ -1165,3 +1173,67 @@ def _conv_transpose(imp: _OnnxImporter, node: Any) -> None:
 @_handles("LpPool", attrs=("auto_pad", "pads", "kernel_shape", "strides", "ceil_mode", "dilations", "p"))
 def _lp_pool(imp: _OnnxImporter, node: Any) -> None:
     _spatial_node(imp, node, "pool_nd", len(imp.shape(node.input[0])) - 2, kind="lp")
+
+
+@_handles("Hardmax", attrs=("axis",))
+def _hardmax(imp: _OnnxImporter, node: Any) -> None:
+    """1 at the first largest element along `axis`, 0 elsewhere: the arg max compared with
+    the positions of the axis (a constant)."""
+    shape, dtype = imp.shape(node.input[0]), imp.dtype(node.input[0])
+    axis = int(_attr(node, "axis", -1))
+    if imp.opset < 13 or not -len(shape) <= axis < len(shape):
+        imp._unsupported(node, f"axis {axis} (or the opset-11 flattening form) of")
+    axis %= len(shape)
+    best = imp.graph.add_node("arg_reduce", [imp.value(node.input[0])],
+                              {"axis": axis, "keepdims": True, "select_last_index": False, "largest": True})
+    positions = np.arange(shape[axis], dtype=np.int64).reshape((-1,) + (1,) * (len(shape) - axis - 1))
+    hit = imp.graph.add_node("eq", [best, imp.graph.add_constant(positions)])
+    imp.emit(node, "cast", [hit], dtype=dtype)
+
+
+@_handles("LpNormalization", attrs=("axis", "p"))
+def _lp_normalization(imp: _OnnxImporter, node: Any) -> None:
+    """x / ||x||_p along `axis` (p 1 or 2); 0 where the norm is 0."""
+    shape = imp.shape(node.input[0])
+    axis, p = int(_attr(node, "axis", -1)) % len(shape), int(_attr(node, "p", 2))
+    if p not in (1, 2):
+        imp._unsupported(node, f"p={p} of")
+    x = imp.value(node.input[0])
+    mag = imp.graph.add_node("abs", [x]) if p == 1 else imp.graph.add_node("mul", [x, x])
+    total = imp.graph.add_node("sum", [mag], {"axes": (axis,), "keepdims": True})
+    norm = total if p == 1 else imp.graph.add_node("sqrt", [total])
+    dtype = imp.dtype(node.input[0])
+    zero = imp.scalar(0, dtype)
+    # a zero vector stays zero (ONNX's definition), where x / 0 would be nan
+    imp.emit(node, "where", [imp.graph.add_node("eq", [norm, zero]), zero, imp.graph.add_node("div", [x, norm])])
+
+
+@_handles("OneHot", attrs=("axis",))
+def _one_hot(imp: _OnnxImporter, node: Any) -> None:
+    """values[1] where the (wrapped) index equals the position along the new axis, values[0]
+    elsewhere; depth and values known at import."""
+    indices, depth_name, values_name = node.input
+    depth = int(np.asarray(imp.const(depth_name, "depth", node)).reshape(-1)[0])
+    values = np.asarray(imp.const(values_name, "values", node)).reshape(-1)
+    shape = imp.shape(indices)
+    rank = len(shape) + 1
+    axis = int(_attr(node, "axis", -1))
+    if depth <= 0 or values.size != 2 or not -rank <= axis < rank:
+        imp._unsupported(node, f"depth {depth}, {values.size} values or axis {axis} of")
+    axis %= rank
+    idx_dtype = imp.dtype(indices)
+    if idx_dtype not in ("int32", "int64", "float32", "float64"):
+        imp._unsupported(node, f"{idx_dtype} indices of")
+    ids = imp.value(indices)
+    if idx_dtype.startswith("float"):  # ONNX casts non-integer indices to integers (toward zero)
+        ids = imp.graph.add_node("cast", [ids], {"dtype": "int64"})
+        idx_dtype = "int64"
+    wrapped = imp.graph.add_node("where", [imp.graph.add_node("lt", [ids, imp.scalar(0, idx_dtype)]),
+                                           imp.graph.add_node("add", [ids, imp.scalar(depth, idx_dtype)]), ids])
+    expanded = imp.graph.add_node("reshape", [wrapped], {"shape": shape[:axis] + (1,) + shape[axis:]})
+    positions = np.arange(depth, dtype=idx_dtype).reshape((-1,) + (1,) * (rank - axis - 1))
+    hit = imp.graph.add_node("eq", [expanded, imp.graph.add_constant(positions)])
+    dtype = str(values.dtype)
+    imp._check_dtype(node, dtype)
+    imp.emit(node, "where", [hit, imp.graph.add_constant(values[1:2].reshape(())),
+                             imp.graph.add_constant(values[0:1].reshape(()))])
