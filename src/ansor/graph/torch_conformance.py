@@ -16,13 +16,17 @@ packets of `torch.ops.aten` with at least one overload tagged `torch.Tag.core` (
 `native_functions.yaml` gives them; it is what the documented IR list is generated from). An
 OpInfo stands for a core operator when its `aten_name`, or the last dotted part of its name
 (for `nn.functional.*` and undotted names only: `masked.amax` is not `amax`), is such a packet,
-or names one after the prefixes and suffixes ATen adds to the functional entry point (`_softmax`, `native_layer_norm`, `max_pool2d_with_indices`), or is one of the
-functional entry points listed in `ENTRY_POINTS` (`conv2d` is the core `convolution`,
-`interpolate(mode="nearest")` the core `upsample_nearest2d`).
+or names one after the prefixes and suffixes ATen adds to the functional entry point
+(`_softmax`, `native_layer_norm`, `max_pool2d_with_indices`), or is one of the functional
+entry points listed in `ENTRY_POINTS` (`conv2d` is the core `convolution`,
+`interpolate(mode="nearest")` the core `upsample_nearest2d`). Operators that take no float32
+(the bitwise ones) run their int64 samples, compared exactly.
 
 Samples that measure nothing of the importer are skipped with their reason: random or
 uninitialized outputs (`empty`, `randn`), samples with `out=`, outputs that are not tensors,
-and programs that `torch.export` itself cannot export (PyTorch's limit, not ours).
+and programs that `torch.export` itself cannot export (PyTorch's limit, not ours). A pass
+whose graph ran (in part) as numpy fallback kernels, having no compiled form yet, is counted
+as such in the table.
 
 `python -m ansor.graph.torch_conformance [--filter SUBSTRING] [--limit-samples N] [-o table.md]`
 runs them and prints the counts and a table per operator.
@@ -31,6 +35,7 @@ runs them and prints the counts and a table per operator.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 import warnings
@@ -308,6 +313,15 @@ def summarize(verdicts: Iterable[Verdict]) -> dict[str, Counter]:
     return dict(table)
 
 
+_LOCATION = re.compile(r""" at node '[^']*', in module '[^']*'(, File "[^"]*", line \d+, in \w+: [^:]*)?""")
+
+
+def short_reason(reason: str) -> str:
+    """A verdict's reason without the location of the node in the sample's module (the
+    same in every sample: the line that calls the operator)."""
+    return _LOCATION.sub("", reason)
+
+
 def markdown_table(verdicts: Sequence[Verdict]) -> str:
     """The per-operator table: counts, and the first reason of a refusal (or a wrong answer)."""
     rows = ["| operator | pass | of which numpy | refused | wrong | skipped | first reason |",
@@ -315,8 +329,7 @@ def markdown_table(verdicts: Sequence[Verdict]) -> str:
     reasons: dict[str, str] = {}
     for v in verdicts:
         if v.status == "wrong" or (v.status == "refused" and v.operator not in reasons):
-            if v.status == "wrong" or v.operator not in reasons:
-                reasons[v.operator] = v.reason.replace("|", "/")[:140]
+            reasons[v.operator] = short_reason(v.reason).replace("|", "/")[:160]
     for op, c in sorted(summarize(verdicts).items()):
         rows.append(f"| {op} | {c['pass']} | {c['fallback']} | {c['refused']} | {c['wrong']} | "
                     f"{c['skipped']} | {reasons.get(op, '')} |")

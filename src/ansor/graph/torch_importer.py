@@ -137,7 +137,9 @@ class _Importer:
                 self.env[node.name] = self._call(node)
             elif node.op == "output":
                 outs = node.args[0]
-                for o in (outs if isinstance(outs, (list, tuple)) else [outs]):
+                outs = outs if isinstance(outs, (list, tuple)) else [outs]
+                outs = self._user_outputs(outs)
+                for o in outs:
                     ref = self.env[o.name] if hasattr(o, "name") else None
                     if not isinstance(ref, Ref):
                         raise UnsupportedOperatorError(f"output {o} is not a tensor")
@@ -147,6 +149,26 @@ class _Importer:
                                                f"{_source(node)}")
         self.graph.remove_dead()
         return self.graph
+
+    def _user_outputs(self, outs: Sequence[Any]) -> list:
+        """The program's own outputs. A program that writes to one of its inputs or buffers
+        (a training-mode batch norm updating its running statistics) is refused: a compiled
+        model returns values and changes nothing else."""
+        from torch.export.graph_signature import OutputKind
+
+        specs = self.program.graph_signature.output_specs
+        if len(specs) != len(outs):
+            return list(outs)
+        for spec, o in zip(specs, outs):
+            if spec.kind in (OutputKind.USER_INPUT_MUTATION, OutputKind.BUFFER_MUTATION,
+                             OutputKind.PARAMETER_MUTATION):
+                while getattr(o, "target", None) is operator.getitem:
+                    o = o.args[0]  # the operator of which this is one output
+                producer = getattr(o, "target", None)
+                raise UnsupportedOperatorError(
+                    f"{producer} writes to {spec.target!r} in place ({spec.kind.name.lower()}); "
+                    f"a compiled model does not change its inputs or buffers")
+        return [o for spec, o in zip(specs, outs) if spec.kind == OutputKind.USER_OUTPUT]
 
     def _call(self, node: Any) -> Any:
         args = self._map(node.args)
@@ -236,10 +258,11 @@ class _Importer:
         return Ref(self.graph.add_constant(array.copy()))
 
     def _foldable(self, args: Any, kwargs: Any) -> bool:
-        """True when no argument depends on a graph input."""
+        """True when no argument depends on a graph input (a tensor without elements holds
+        nothing that could)."""
         def ok(o: Any) -> bool:
             if isinstance(o, Ref):
-                return self.graph.is_constant(o.name)
+                return self.graph.is_constant(o.name) or 0 in self.type_of(o).shape
             if isinstance(o, (list, tuple)):
                 return all(ok(x) for x in o)
             if isinstance(o, dict):
@@ -251,6 +274,9 @@ class _Importer:
         import torch
 
         def to_torch(o: Any) -> Any:
+            if isinstance(o, Ref) and not self.graph.is_constant(o.name):  # an empty input
+                t = self.type_of(o)
+                return torch.from_numpy(np.empty(t.shape, dtype=t.dtype))
             if isinstance(o, Ref):
                 return torch.from_numpy(self.graph.constants[o.name].copy())
             if isinstance(o, (list, tuple)):
@@ -518,6 +544,8 @@ HANDLERS["aten.amax"] = _reduce_handler("max")
 def _softmax(imp: _Importer, node, args, kwargs):
     op = "log_softmax" if "log" in node.target.overloadpacket.__name__ else "softmax"
     x = imp.cast(args[0], imp.out_type().dtype)
+    if not imp.type_of(x).shape:  # a rank-0 tensor is a softmax over one element
+        return _reshape_to(imp, imp.emit(op, [_reshape_to(imp, x, (1,))], axis=0), ())
     return imp.emit(op, [x], axis=int(args[1]) % len(imp.type_of(x).shape))
 
 
@@ -569,9 +597,9 @@ def _conv2d(imp: _Importer, node, args, kwargs):
     """1-d and 2-d convolutions, batched or not: a 1-d one is a 2-d one of height 1, an
     unbatched input a batch of one; padding="same" pads (total // 2, the rest), as PyTorch."""
     if node.target.overloadpacket.__name__ == "convolution":
-        x, w, b, stride, padding, dilation, transposed, _out_pad, groups = args
+        x, w, b, stride, padding, dilation, transposed, out_pad, groups = args
         if transposed:
-            raise GraphError("transposed convolution is not supported")
+            return _conv_transpose(imp, x, w, b, stride, padding, out_pad, groups, dilation)
     else:
         x, w = args[0], args[1]
         b = _arg(args, kwargs, 2, "bias")
@@ -696,11 +724,13 @@ def _max_pool2d(imp: _Importer, node, args, kwargs):
     x, kernel = args[0], _pair(args[1])
     stride = _arg(args, kwargs, 2, "stride", None)
     stride = kernel if not stride else _pair(stride)
-    out = imp.emit("max_pool2d", [x], kernel=kernel, stride=stride,
-                   padding=_pair(_arg(args, kwargs, 3, "padding", 0)),
-                   dilation=_pair(_arg(args, kwargs, 4, "dilation", 1)),
-                   ceil_mode=bool(_arg(args, kwargs, 5, "ceil_mode", False)))
-    return out if "indices" not in str(node.target) else [out, None]
+    attrs = dict(kernel=kernel, stride=stride, padding=_pair(_arg(args, kwargs, 3, "padding", 0)),
+                 dilation=_pair(_arg(args, kwargs, 4, "dilation", 1)),
+                 ceil_mode=bool(_arg(args, kwargs, 5, "ceil_mode", False)))
+    out = imp.emit("max_pool2d", [x], **attrs)
+    if "indices" not in str(node.target):
+        return out
+    return [out, imp.emit("max_pool2d_indices", [x], **attrs)]
 
 
 @_handles("aten.avg_pool2d")
@@ -786,6 +816,9 @@ def _slice_ref(imp: _Importer, x: Ref, axis: int, start: Any, end: Any, step: in
     end = max(end, start)
     if (start, end, step) == (0, size, 1):
         return x
+    if end == start:  # no element: known from the type alone
+        t = imp.type_of(x)
+        return Ref(imp.graph.add_constant(np.empty(t.shape[:axis] + (0,) + t.shape[axis + 1:], t.dtype)))
     return imp.emit("slice", [x], axis=axis, start=start, end=end, step=step)
 
 
@@ -1330,7 +1363,7 @@ def _gather(imp: _Importer, node, args, kwargs):
     if not shape:
         x = _reshape_to(imp, x, (1,))
         index = _reshape_to(imp, index, (1,))
-        return _reshape_to(imp, imp.emit("gather_elements", [x, index], axis=0), ())
+        return _reshape_to(imp, imp.emit("gather_elements", [x, index], axis=0), _out_shape(imp))
     axis = dim % len(shape)
     if not ishape:
         index = _reshape_to(imp, index, (1,) * len(shape))
@@ -1347,20 +1380,33 @@ _SCATTER_REDUCTIONS = {None: "none", "sum": "add", "add": "add", "prod": "mul",
 
 
 @_handles("aten.scatter", "aten.scatter_add", "aten.scatter_reduce")
+def _scatter_any_rank(imp: _Importer, node, args, kwargs):
+    """Rank-0 operands scatter as tensors of one element."""
+    args = list(args)
+    if imp.type_of(args[0]).shape and imp.type_of(args[2]).shape:
+        return _scatter(imp, node, args, kwargs)
+    one = [_reshape_to(imp, a, (1,)) if isinstance(a, Ref) else a for a in args]
+    kw = {k: _reshape_to(imp, v, (1,)) if isinstance(v, Ref) else v for k, v in kwargs.items()}
+    one[1] = 0
+    return _reshape_to(imp, _scatter(imp, node, one, kw), _out_shape(imp))
+
+
 def _scatter(imp: _Importer, node, args, kwargs):
     """x with src written (or combined) at index along dim; src may be larger than index on
     every axis (its leading part is read) or a scalar."""
     x, dim, index = args[0], int(args[1]), args[2]
     name, overload = node.target.overloadpacket.__name__, str(node.target).rsplit(".", 1)[-1]
     src = args[3] if len(args) > 3 else kwargs.get("src", kwargs.get("value"))
+    include_self = True
     if name == "scatter_add":
         reduce = "sum"
     elif name == "scatter_reduce":
         reduce = args[4] if len(args) > 4 else kwargs["reduce"]
-        if not bool(_arg(args, kwargs, 5, "include_self", True)):
-            raise GraphError("scatter_reduce with include_self=False is not supported")
+        include_self = bool(_arg(args, kwargs, 5, "include_self", True))
     else:
         reduce = kwargs.get("reduce", args[4] if len(args) > 4 else None)
+    if reduce == "mean" or not include_self:
+        return _scatter_reduce_general(imp, x, dim, index, src, reduce, include_self)
     if reduce not in _SCATTER_REDUCTIONS:
         raise GraphError(f"scatter reduction {reduce!r} is not supported")
     dtype = imp.out_type().dtype
@@ -1411,7 +1457,7 @@ def _index_put(imp: _Importer, node, args, kwargs):
     if any(i is None for i in indices):
         raise GraphError("index_put that skips an axis is not supported")
     if any(imp.type_of(i).dtype == "bool" for i in indices):
-        raise GraphError("index_put with a boolean mask is not supported")
+        return _index_put_mask(imp, x, indices, values, accumulate)
     shape, dtype = imp.type_of(x).shape, imp.out_type().dtype
     k = len(indices)
     batch = tuple(int(d) for d in np.broadcast_shapes(*(imp.type_of(i).shape for i in indices)))
@@ -1475,7 +1521,8 @@ def _pool_any_rank(handler2d: Handler, one_d: bool, roles: Sequence[str]) -> Han
                     rest[i] = [0, int(v)]
         y = handler2d(imp, node, [x4] + rest, kwargs)
         if isinstance(y, list):
-            return [_reshape_to(imp, y[0], tuple(int(d) for d in node.meta["val"][0].shape))] + y[1:]
+            return [r if r is None else _reshape_to(imp, r, tuple(int(d) for d in v.shape))
+                    for r, v in zip(y, node.meta["val"])]
         return _reshape_to(imp, y, _out_shape(imp))
     return handler
 
@@ -1683,8 +1730,241 @@ def _bn_any(imp: _Importer, node, args, kwargs):
         if rm is None:
             raise GraphError("batch norm in eval mode without running statistics")
         out = _bn(imp, x, w, b, rm, rv, eps)  # the statistics PyTorch returns are empty here
-        return [out, None, None] + ([rm, rv] if name.endswith("functional") else [])
+        empty = [Ref(imp.graph.add_constant(np.empty(tuple(v.shape), dtype=torch_dtype_name(v.dtype))))
+                 for v in node.meta["val"][1:3]]
+        return [out] + empty + ([rm, rv] if name.endswith("functional") else [])
     outs = _bn_training(imp, x, w, b, rm, rv, float(momentum), float(eps))
     if name.endswith("functional"):
         return outs
     return outs[:3]
+
+
+_REDUCE_IDENTITY = {"sum": 0, "mean": 0, "prod": 1, "amax": -np.inf, "amin": np.inf}
+
+
+def _scatter_reduce_general(imp: _Importer, x: Ref, dim: int, index: Ref, src: Ref, reduce: str,
+                            include_self: bool) -> Ref:
+    """scatter_reduce without x's own values (include_self=False: the places written start
+    from the reduction's identity) and the mean (the sum divided by the count of values
+    combined, x's own value counted when included; integer means round down, as PyTorch)."""
+    if reduce not in _REDUCE_IDENTITY:
+        raise GraphError(f"scatter reduction {reduce!r} is not supported")
+    dtype = imp.out_type().dtype
+    shape, ishape = imp.type_of(x).shape, imp.type_of(index).shape
+    if not shape or not ishape or not isinstance(src, Ref):
+        raise GraphError("scatter_reduce on rank-0 tensors or with a scalar source is not supported")
+    axis = dim % len(shape)
+    for d, n in enumerate(ishape):
+        if n < imp.type_of(src).shape[d]:
+            src = _slice_ref(imp, src, d, 0, n, 1)
+    src, index, x = imp.cast(src, dtype), imp.cast(index, "int64"), imp.cast(x, dtype)
+    identity = _REDUCE_IDENTITY[reduce]
+    if _is_int(dtype) and not np.isfinite(identity):
+        identity = np.iinfo(dtype).min if identity < 0 else np.iinfo(dtype).max
+    base = x
+    if not include_self:
+        fill = imp.scalar(np.full(ishape, identity), dtype)
+        base = imp.emit("scatter_elements", [x, index, fill], axis=axis)
+    combined = imp.emit("scatter_elements", [base, index, src], axis=axis,
+                        reduction=_SCATTER_REDUCTIONS["sum" if reduce == "mean" else reduce])
+    if reduce != "mean":
+        return combined
+    start = imp.scalar(np.ones(shape), dtype)
+    if not include_self:
+        start = imp.emit("scatter_elements", [start, index, imp.scalar(np.zeros(ishape), dtype)],
+                         axis=axis)
+    count = imp.emit("scatter_elements", [start, index, imp.scalar(np.ones(ishape), dtype)],
+                     axis=axis, reduction="add")
+    count = imp.emit("maximum", [count, imp.scalar(1, dtype)])  # untouched places keep x
+    if _is_int(dtype):
+        return imp.emit("divide_rounded", [combined, count], mode="floor")
+    return imp.emit("div", [combined, count])
+
+
+def _index_put_mask(imp: _Importer, x: Ref, indices: list, values: Ref, accumulate: bool) -> Ref:
+    """x[mask] = values with one boolean mask over x's leading axes: a select where the
+    values are one element (or one row), else the mask's places filled in row-major order."""
+    if len(indices) != 1:
+        raise GraphError("index_put with a boolean mask among other indices is not supported")
+    mask, dtype = indices[0], imp.out_type().dtype
+    shape, mshape = imp.type_of(x).shape, imp.type_of(mask).shape
+    if shape[:len(mshape)] != mshape:
+        raise GraphError(f"boolean mask {mshape} for a tensor {shape}")
+    mask = _reshape_to(imp, mask, mshape + (1,) * (len(shape) - len(mshape)))
+    values = imp.cast(values, dtype)
+    vshape = imp.type_of(values).shape
+    rest = shape[len(mshape):]
+    if int(np.prod(vshape)) == 1 or vshape[-len(rest):] == rest and int(np.prod(vshape)) == int(np.prod(rest)):
+        row = _reshape_to(imp, values, (1,) * len(mshape) + (rest if int(np.prod(vshape)) > 1 else (1,) * len(rest)))
+        new = imp.emit("add", [x, row]) if accumulate else row
+        return _broadcast(imp, imp.emit("where", [mask, new, x]))
+    if accumulate:
+        raise GraphError("index_put with a boolean mask and accumulate=True is not supported")
+    full_mask = imp.emit("expand", [mask], shape=shape) if imp.type_of(mask).shape != shape else mask
+    return imp.emit("masked_scatter", [x, full_mask, values])
+
+
+@_handles("aten.max_pool2d_with_indices_backward")
+def _max_pool2d_backward(imp: _Importer, node, args, kwargs):
+    """The gradient of a max pool: each output's gradient added at the input cell its index
+    names (in the flattened plane of its channel)."""
+    grad, x, indices = args[0], args[1], args[7]
+    shape, dtype = imp.type_of(x).shape, imp.out_type().dtype
+    lead, plane = shape[:-2], shape[-2] * shape[-1]
+    gshape = imp.type_of(grad).shape
+    count = gshape[-2] * gshape[-1]
+    zeros = imp.scalar(np.zeros(lead + (plane,)), dtype)
+    flat_ids = _reshape_to(imp, imp.cast(indices, "int64"), lead + (count,))
+    flat_grad = _reshape_to(imp, imp.cast(grad, dtype), lead + (count,))
+    summed = imp.emit("scatter_elements", [zeros, flat_ids, flat_grad], axis=len(lead),
+                      reduction="add")
+    return _reshape_to(imp, summed, shape)
+
+
+# --------------------------------------------------------------------- transposed convolution
+
+
+def _moved(imp: _Importer, x: Ref, fn: Callable[[Any], Any]) -> Ref:
+    """fn (a function that only moves elements) applied to x: on the array itself when x is
+    a constant (a weight), else as a gather at the places fn moves element numbers to."""
+    import torch
+
+    t = imp.type_of(x)
+    if imp.graph.is_constant(x.name):
+        return imp._constant(fn(torch.from_numpy(imp.graph.constants[x.name].copy())))
+    ids = fn(torch.arange(int(np.prod(t.shape)), dtype=torch.int64).reshape(t.shape))
+    flat = _reshape_to(imp, x, (int(np.prod(t.shape)),))
+    return imp.emit("index", [flat, imp.scalar(ids.contiguous().numpy(), "int64")])
+
+
+def _conv_transpose(imp: _Importer, x: Ref, w: Ref, b: Any, stride: Any, padding: Any,
+                    output_padding: Any, groups: int, dilation: Any) -> Ref:
+    """A transposed convolution as the convolution it is the gradient of: the input spread
+    out by the stride (zeros between its elements), padded by dilation * (k - 1) - padding
+    (plus output_padding at the end; a negative amount crops), convolved at stride 1 with the
+    weight flipped and its in/out channels swapped within each group."""
+    wshape = imp.type_of(w).shape
+    if len(wshape) not in (3, 4):
+        raise GraphError(f"only 1-d and 2-d transposed convolutions are supported (weight {wshape})")
+    one_d = len(wshape) == 3
+
+    def pair(v: Any, fill: int) -> tuple[int, int]:
+        if one_d:
+            v = v[0] if isinstance(v, (list, tuple)) else v
+            return (fill, int(v))
+        return _pair(v)
+
+    stride, padding, out_pad, dilation = (pair(stride, 1), pair(padding, 0), pair(output_padding, 0),
+                                          pair(dilation, 1))
+    xshape = imp.type_of(x).shape
+    batched = len(xshape) == len(wshape)
+    x4 = _reshape_to(imp, x, ((1,) if not batched else ()) + xshape[:-1 if one_d else len(xshape)]
+                     + ((1, xshape[-1]) if one_d else ()))
+    w4 = _reshape_to(imp, w, wshape[:2] + (1, wshape[2]) if one_d else wshape)
+    n, c, h, wd = imp.type_of(x4).shape
+    cin, cout_g, kh, kw = imp.type_of(w4).shape
+    g = int(groups)
+    (sh, sw) = stride
+    if (sh, sw) != (1, 1):
+        spread = _reshape_to(imp, x4, (n, c, h, 1, wd, 1))
+        spread = imp.emit("pad", [spread], pads=((0, 0), (0, 0), (0, 0), (0, sh - 1), (0, 0), (0, sw - 1)),
+                          value=0.0)
+        spread = _reshape_to(imp, spread, (n, c, h * sh, wd * sw))
+        spread = _slice_ref(imp, spread, 2, 0, (h - 1) * sh + 1, 1)
+        x4 = _slice_ref(imp, spread, 3, 0, (wd - 1) * sw + 1, 1)
+    pairs = [(0, 0), (0, 0)]
+    for k, p, op, d in zip((kh, kw), padding, out_pad, dilation):
+        q = d * (k - 1) - p
+        pairs.append((q, q + op))
+    x4, pairs = _crop(imp, x4, pairs)
+    if any(lo or hi for lo, hi in pairs):
+        x4 = imp.emit("pad", [x4], pads=tuple(pairs), value=0.0)
+    flipped = _moved(imp, w4, lambda t: t.reshape(g, cin // g, cout_g, kh, kw).permute(0, 2, 1, 3, 4)
+                     .flip(3, 4).reshape(g * cout_g, cin // g, kh, kw))
+    inputs = [x4, flipped] + ([b] if b is not None else [])
+    y = imp.emit("conv2d", inputs, stride=(1, 1), padding=(0, 0), dilation=tuple(dilation), groups=g)
+    return _reshape_to(imp, y, _out_shape(imp))
+
+
+@_handles("aten.conv_transpose1d", "aten.conv_transpose2d")
+def _conv_transpose_h(imp: _Importer, node, args, kwargs):
+    return _conv_transpose(imp, args[0], args[1], _arg(args, kwargs, 2, "bias"),
+                           _arg(args, kwargs, 3, "stride", 1), _arg(args, kwargs, 4, "padding", 0),
+                           _arg(args, kwargs, 5, "output_padding", 0),
+                           _arg(args, kwargs, 6, "groups", 1), _arg(args, kwargs, 7, "dilation", 1))
+
+
+@_handles("aten.grid_sampler_2d", "aten.grid_sampler")
+def _grid_sampler(imp: _Importer, node, args, kwargs):
+    """F.grid_sample's 2-d forms: bilinear and nearest, every padding mode; bicubic refused."""
+    x, grid, mode, padding, align = args[:5]
+    if len(imp.type_of(x).shape) != 4:
+        raise GraphError("only 2-d grid sampling (a 4-d input) is supported")
+    modes, paddings = {0: "bilinear", 1: "nearest"}, {0: "zeros", 1: "border", 2: "reflection"}
+    if int(mode) not in modes:
+        raise GraphError("bicubic grid sampling is not supported")
+    return imp.emit("grid_sample", [x, imp.cast(grid, imp.type_of(x).dtype)], mode=modes[int(mode)],
+                    padding_mode=paddings[int(padding)], align_corners=bool(align))
+
+
+@_handles("aten.max_pool3d", "aten.max_pool3d_with_indices")
+def _max_pool3d(imp: _Importer, node, args, kwargs):
+    """A 3-d max pool as two 2-d ones (the largest of a box is the largest over its depth of
+    the largest of each plane): every depth plane pooled over height and width, then the
+    plane maxima pooled over depth. Indices (positions in the flattened D x H x W volume):
+    the first plane holding the box's maximum, and the position within that plane."""
+    x = args[0]
+    shape = imp.type_of(x).shape
+    if len(shape) not in (4, 5):
+        raise GraphError(f"input of rank {len(shape)} for a 3-d pool")
+
+    def triple(v: Any, default: Any) -> tuple[int, int, int]:
+        v = default if v is None or (isinstance(v, (list, tuple)) and not v) else v
+        v = list(v) if isinstance(v, (list, tuple)) else [v]
+        return tuple(int(e) for e in (v * 3 if len(v) == 1 else v))  # type: ignore[return-value]
+
+    kernel = triple(args[1], None)
+    stride = triple(_arg(args, kwargs, 2, "stride"), kernel)
+    padding = triple(_arg(args, kwargs, 3, "padding", 0), 0)
+    dilation = triple(_arg(args, kwargs, 4, "dilation", 1), 1)
+    ceil = bool(_arg(args, kwargs, 5, "ceil_mode", False))
+    n, c, d, h, w = shape if len(shape) == 5 else (1,) + shape
+    planes = _reshape_to(imp, x, (n, c * d, h, w))
+    plane_attrs = dict(kernel=kernel[1:], stride=stride[1:], padding=padding[1:],
+                       dilation=dilation[1:], ceil_mode=ceil)
+    plane_max = imp.emit("max_pool2d", [planes], **plane_attrs)
+    oh, ow = imp.type_of(plane_max).shape[2:]
+    depth_attrs = dict(kernel=(kernel[0], 1), stride=(stride[0], 1), padding=(padding[0], 0),
+                       dilation=(dilation[0], 1), ceil_mode=ceil)
+    columns = _reshape_to(imp, plane_max, (n, c, d, oh * ow))
+    out = imp.emit("max_pool2d", [columns], **depth_attrs)
+    od = imp.type_of(out).shape[2]
+    values = _reshape_to(imp, out, (n, c, od, oh, ow) if len(shape) == 5 else (c, od, oh, ow))
+    if "indices" not in str(node.target):
+        return values
+    plane_idx = _reshape_to(imp, imp.emit("max_pool2d_indices", [planes], **plane_attrs),
+                            (n, c, d, oh * ow))
+    depth_idx = imp.emit("max_pool2d_indices", [columns], **depth_attrs)  # = depth * oh*ow + column
+    depth = imp.emit("divide_rounded", [depth_idx, imp.scalar(oh * ow, "int64")], mode="floor")
+    within = imp.emit("gather_elements", [plane_idx, depth], axis=2)
+    flat = imp.emit("add", [imp.emit("mul", [depth, imp.scalar(h * w, "int64")]), within])
+    return [values, _reshape_to(imp, flat, imp.type_of(values).shape)]
+
+
+@_handles("aten.adaptive_avg_pool3d", "aten._adaptive_avg_pool3d")
+def _adaptive_avg_pool3d(imp: _Importer, node, args, kwargs):
+    """A 3-d adaptive average as two 2-d ones: each depth plane averaged over its height and
+    width windows, then those averages over the depth windows (the windows of each axis are
+    independent, so the mean of the plane means is the mean of the box)."""
+    x, size = args[0], args[1]
+    shape = imp.type_of(x).shape
+    if len(shape) not in (4, 5):
+        raise GraphError(f"input of rank {len(shape)} for a 3-d pool")
+    size = list(size) if isinstance(size, (list, tuple)) else [size]
+    size = size * 3 if len(size) == 1 else size
+    n, c, d, h, w = shape if len(shape) == 5 else (1,) + shape
+    od, oh, ow = (dim if s is None else int(s) for s, dim in zip(size, (d, h, w)))
+    planes = imp.emit("adaptive_avg_pool2d", [_reshape_to(imp, x, (n, c * d, h, w))], output_size=(oh, ow))
+    columns = _reshape_to(imp, planes, (n, c, d, oh * ow))
+    out = imp.emit("adaptive_avg_pool2d", [columns], output_size=(od, oh * ow))
+    return _reshape_to(imp, out, _out_shape(imp))
