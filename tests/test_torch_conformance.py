@@ -238,6 +238,15 @@ def test_three_dimensional_pools_as_two_dimensional_ones():
                                       F.adaptive_avg_pool3d(t, (3, 4, 5))), x, rtol=1e-5, atol=1e-6)
 
 
+def test_three_dimensional_convolutions_and_average_pool():
+    x, w, wt = rand(2, 4, 5, 6, 4), rand(6, 2, 3, 2, 3, seed=1), rand(4, 3, 2, 3, 2, seed=2)
+    compiled_matches_eager(lambda a, b, c: (F.conv3d(a, b, stride=(1, 2, 1), padding=1, groups=2),
+                                            F.conv3d(a[0], b[:, :, :2], padding="same", groups=2),
+                                            F.conv_transpose3d(a, c, stride=2, padding=(1, 0, 1), output_padding=1),
+                                            F.avg_pool3d(a, 2, (1, 2, 2), padding=1, count_include_pad=False)),
+                           x, w, wt, rtol=1e-4, atol=1e-5)
+
+
 def test_max_pool_gradient_routes_to_the_maxima():
     x = rand(1, 2, 6, 6)
 

@@ -182,6 +182,8 @@ class _Importer:
                 raise UnsupportedOperatorError(
                     f"output {index} of {getattr(producer, 'target', 'a multi-output operator')} "
                     f"is not supported ({_source(node)})")
+            if isinstance(item, Ref):
+                self._check_type(item, node.meta.get("val"), f"output {index} of {node.args[0].target}")
             return item
         name = str(target)  # e.g. "aten.conv2d.default"
         if self._foldable(args, kwargs) and not name.startswith("aten._assert"):
@@ -592,7 +594,7 @@ def _batch_norm(imp: _Importer, node, args, kwargs):
 # --------------------------------------------------------------------- dense
 
 
-@_handles("aten.conv2d", "aten.convolution", "aten.conv1d")
+@_handles("aten.conv2d", "aten.convolution", "aten.conv1d")  # conv3d: below
 def _conv2d(imp: _Importer, node, args, kwargs):
     """1-d and 2-d convolutions, batched or not: a 1-d one is a 2-d one of height 1, an
     unbatched input a batch of one; padding="same" pads (total // 2, the rest), as PyTorch."""
@@ -600,6 +602,8 @@ def _conv2d(imp: _Importer, node, args, kwargs):
         x, w, b, stride, padding, dilation, transposed, out_pad, groups = args
         if transposed:
             return _conv_transpose(imp, x, w, b, stride, padding, out_pad, groups, dilation)
+        if len(imp.type_of(w).shape) == 5:
+            return _conv3d(imp, x, w, b, stride, padding, dilation, groups)
     else:
         x, w = args[0], args[1]
         b = _arg(args, kwargs, 2, "bias")
@@ -1312,8 +1316,14 @@ def _traced_gather(imp: _Importer, node, args, kwargs) -> Ref:
           "aten.rot90", "aten.diag_embed", "aten.pixel_shuffle", "aten.pixel_unshuffle",
           "aten.channel_shuffle", "aten.diagonal_scatter")
 def _moving(imp: _Importer, node, args, kwargs):
-    if node.target.overloadpacket.__name__ == "diag_embed":
+    name = node.target.overloadpacket.__name__
+    if name == "diag_embed":
         raise GraphError("diag_embed fills zeros; it is not a pure data movement")
+    # only the moved tensors may be tensors: a tensor position or count (narrow.Tensor) would
+    # be numbered like data
+    data = 2 if name.endswith("_scatter") else 1
+    if any(isinstance(a, Ref) for a in list(args[data:]) + list(kwargs.values())):
+        raise GraphError("a tensor argument that is not the data moved is not supported")
     return _traced_gather(imp, node, args, kwargs)
 
 
@@ -1845,7 +1855,13 @@ def _conv_transpose(imp: _Importer, x: Ref, w: Ref, b: Any, stride: Any, padding
     weight flipped and its in/out channels swapped within each group."""
     wshape = imp.type_of(w).shape
     if len(wshape) not in (3, 4):
-        raise GraphError(f"only 1-d and 2-d transposed convolutions are supported (weight {wshape})")
+        if len(wshape) == 5:  # three spatial axes: the canonical conv_transpose (numpy kernels)
+            pads = tuple((p, p) for p in _triple(padding, 0))
+            y = imp.emit("conv_transpose", [_batched5(imp, x), w] + ([b] if b is not None else []),
+                         stride=_triple(stride, 1), pads=pads, output_padding=_triple(output_padding, 0),
+                         groups=int(groups), dilation=_triple(dilation, 1))
+            return _reshape_to(imp, y, _out_shape(imp))
+        raise GraphError(f"only 1-d to 3-d transposed convolutions are supported (weight {wshape})")
     one_d = len(wshape) == 3
 
     def pair(v: Any, fill: int) -> tuple[int, int]:
@@ -1968,3 +1984,71 @@ def _adaptive_avg_pool3d(imp: _Importer, node, args, kwargs):
     columns = _reshape_to(imp, planes, (n, c, d, oh * ow))
     out = imp.emit("adaptive_avg_pool2d", [columns], output_size=(od, oh * ow))
     return _reshape_to(imp, out, _out_shape(imp))
+
+
+# --------------------------------------------------------------------- three spatial axes
+
+
+def _triple(v: Any, fill: int) -> tuple[int, ...]:
+    v = fill if v is None or (isinstance(v, (list, tuple)) and not v) else v
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return tuple(int(e) for e in (v * 3 if len(v) == 1 else v))
+
+
+def _batched5(imp: _Importer, x: Ref) -> Ref:
+    shape = imp.type_of(x).shape
+    if len(shape) not in (4, 5):
+        raise GraphError(f"input of rank {len(shape)} for a 3-d operator")
+    return _reshape_to(imp, x, shape if len(shape) == 5 else (1,) + shape)
+
+
+def _conv3d(imp: _Importer, x: Ref, w: Ref, b: Any, stride: Any, padding: Any, dilation: Any,
+            groups: Any) -> Ref:
+    """A 3-d convolution as the canonical conv_nd (numpy kernels); padding="same" splits the
+    total as PyTorch does, the extra cell at the end."""
+    k = imp.type_of(w).shape[2:]
+    stride, dilation = _triple(stride, 1), _triple(dilation, 1)
+    if isinstance(padding, str):
+        totals = [0] * 3 if padding == "valid" else [d * (kk - 1) for d, kk in zip(dilation, k)]
+        pads = tuple((t // 2, t - t // 2) for t in totals)
+    else:
+        pads = tuple((p, p) for p in _triple(padding, 0))
+    inputs = [_batched5(imp, x), w] + ([b] if b is not None else [])
+    y = imp.emit("conv_nd", inputs, stride=stride, pads=pads, dilation=dilation, groups=int(groups))
+    return _reshape_to(imp, y, _out_shape(imp))
+
+
+@_handles("aten.conv3d")
+def _conv3d_h(imp: _Importer, node, args, kwargs):
+    return _conv3d(imp, args[0], args[1], _arg(args, kwargs, 2, "bias"), _arg(args, kwargs, 3, "stride", 1),
+                   _arg(args, kwargs, 4, "padding", 0), _arg(args, kwargs, 5, "dilation", 1),
+                   _arg(args, kwargs, 6, "groups", 1))
+
+
+@_handles("aten.conv_transpose3d")
+def _conv_transpose3d(imp: _Importer, node, args, kwargs):
+    """A 3-d transposed convolution as the canonical conv_transpose (numpy kernels)."""
+    x, w = args[0], args[1]
+    b = _arg(args, kwargs, 2, "bias")
+    pads = tuple((p, p) for p in _triple(_arg(args, kwargs, 4, "padding", 0), 0))
+    inputs = [_batched5(imp, x), w] + ([b] if b is not None else [])
+    y = imp.emit("conv_transpose", inputs, stride=_triple(_arg(args, kwargs, 3, "stride", 1), 1), pads=pads,
+                 output_padding=_triple(_arg(args, kwargs, 5, "output_padding", 0), 0),
+                 groups=int(_arg(args, kwargs, 6, "groups", 1)),
+                 dilation=_triple(_arg(args, kwargs, 7, "dilation", 1), 1))
+    return _reshape_to(imp, y, _out_shape(imp))
+
+
+@_handles("aten.avg_pool3d")
+def _avg_pool3d(imp: _Importer, node, args, kwargs):
+    """A 3-d average pool as the canonical pool_nd (floor mode, no divisor override)."""
+    kernel = _triple(args[1], 1)
+    stride = _triple(_arg(args, kwargs, 2, "stride"), 0) if _arg(args, kwargs, 2, "stride") else kernel
+    if bool(_arg(args, kwargs, 4, "ceil_mode", False)):
+        raise GraphError("3-d average pooling with ceil_mode is not supported")
+    if _arg(args, kwargs, 6, "divisor_override") is not None:
+        raise GraphError("3-d average pooling with divisor_override is not supported")
+    pads = tuple((p, p) for p in _triple(_arg(args, kwargs, 3, "padding", 0), 0))
+    y = imp.emit("pool_nd", [_batched5(imp, args[0])], kind="avg", kernel=kernel, stride=stride, pads=pads,
+                 dilation=(1, 1, 1), count_include_pad=bool(_arg(args, kwargs, 5, "count_include_pad", True)))
+    return _reshape_to(imp, y, _out_shape(imp))
