@@ -110,7 +110,9 @@ def float_task() -> tuple[list[np.ndarray], list[np.ndarray]]:
 @pytest.fixture(scope="module")
 def runner(float_task) -> Runner:
     inputs, expected = float_task
-    with Runner(timeout=2.0, timing=FAST) as runner:
+    # long enough that a busy machine's slow worker start never reads as a hang; the hang test
+    # still waits only this long
+    with Runner(timeout=6.0, timing=FAST) as runner:
         runner.set_task(inputs, expected)
         yield runner
 

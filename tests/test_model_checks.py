@@ -240,7 +240,9 @@ def test_torch_compile_backend_checks_against_eager_when_asked(db, capfd, monkey
         np.testing.assert_allclose(fast(x).numpy(), model(x).numpy(), rtol=1e-4, atol=1e-5)
     assert "matches PyTorch eager on the example inputs" in capfd.readouterr().err
     # a compiled model that computes something else: the check raises instead of running it
-    real_build = ansor.build
+    import ansor.api
+
+    real_build = ansor.api.build
 
     def corrupted(*args, **kwargs):
         built = real_build(*args, **kwargs)
@@ -249,7 +251,7 @@ def test_torch_compile_backend_checks_against_eager_when_asked(db, capfd, monkey
                 constant *= -1.0
         return built
 
-    monkeypatch.setattr(ansor, "build", corrupted)
+    monkeypatch.setattr(ansor.api, "build", corrupted)  # the backend builds through the front door
     torch._dynamo.reset()
     fast = torch.compile(model, backend="ansor", options={"database": db, "check": True, "verbose": False})
     with torch.no_grad(), pytest.raises(Exception, match="disagrees with PyTorch eager") as err:
