@@ -27,6 +27,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from ansor.graph.verdicts import one_line, output_mismatch
+
 __all__ = ["Case", "Verdict", "model_cases", "node_cases", "run_case", "summarize"]
 
 #: Cases whose expected outputs depend on a random draw or on a mode no runtime reproduces
@@ -170,18 +172,20 @@ def _run_data_set(case: Case, inputs: Sequence[np.ndarray], expected: Sequence[n
                 bound[exc.input_name] = given[exc.input_name]
         run = build(graph)
     except refusals as exc:
-        return Verdict(case.name, op, "refused", _one_line(exc))
+        return Verdict(case.name, op, "refused", one_line(exc))
     except Exception as exc:  # anything else is a crash: counted against us, never a pass
-        return Verdict(case.name, op, "wrong", f"crash while importing/building: {type(exc).__name__}: {_one_line(exc)}")
+        return Verdict(case.name, op, "wrong", f"crash while importing/building: {type(exc).__name__}: {one_line(exc)}")
     try:
         got = run(*[value for name, value in given.items()
                     if name not in bound and not (isinstance(value, np.ndarray) and value.size == 0)])
     except refusals as exc:
-        return Verdict(case.name, op, "refused", _one_line(exc))
+        return Verdict(case.name, op, "refused", one_line(exc))
     except Exception as exc:
-        return Verdict(case.name, op, "wrong", f"crash while running: {type(exc).__name__}: {_one_line(exc)}")
+        return Verdict(case.name, op, "wrong", f"crash while running: {type(exc).__name__}: {one_line(exc)}")
     got = list(got) if isinstance(got, (tuple, list)) else [got]
-    problem = _mismatch(got, expected, case.rtol, case.atol)
+    # float32 kernels sum in another order than the reference: a few ulps more than the
+    # case's own tolerance, never more than 1e-4 relative
+    problem = output_mismatch(got, expected, max(case.rtol, 1e-4), max(case.atol, 1e-5))
     if problem:
         return Verdict(case.name, op, "wrong", problem)
     return Verdict(case.name, op, "pass")
@@ -191,31 +195,6 @@ def _default_build(graph: Any) -> Callable[..., Any]:
     from ansor.graph.compiled import build_model
 
     return build_model(graph, None, verbose=False)  # no store: every task's default schedule
-
-
-def _mismatch(got: Sequence[Any], expected: Sequence[np.ndarray], rtol: float, atol: float) -> str:
-    if len(got) != len(expected):
-        return f"{len(got)} outputs where {len(expected)} are expected"
-    for i, (g, e) in enumerate(zip(got, expected)):
-        g, e = np.asarray(g), np.asarray(e)
-        if g.shape != e.shape:
-            return f"output {i}: shape {g.shape} where {e.shape} is expected"
-        if g.dtype != e.dtype:
-            return f"output {i}: dtype {g.dtype} where {e.dtype} is expected"
-        if e.dtype.kind in "fc":
-            # float32 kernels sum in another order than the reference: a few ulps more than
-            # the case's own tolerance, never more than 1e-4 relative
-            tol_r, tol_a = max(rtol, 1e-4), max(atol, 1e-5)
-            if not np.allclose(g, e, rtol=tol_r, atol=tol_a, equal_nan=True):
-                err = np.nanmax(np.abs(g.astype(np.float64) - e.astype(np.float64)))
-                return f"output {i}: max abs error {err:.3g}"
-        elif not np.array_equal(g, e):
-            return f"output {i}: {int(np.sum(g != e))} of {e.size} elements differ"
-    return ""
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300]
 
 
 def summarize(verdicts: Iterable[Verdict]) -> dict[str, Counter]:

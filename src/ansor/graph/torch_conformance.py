@@ -43,7 +43,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-import numpy as np
+
+from ansor.graph.verdicts import one_line, output_mismatch
 
 __all__ = ["ENTRY_POINTS", "Sample", "Verdict", "core_aten_operators", "core_name", "core_opinfos",
            "markdown_table", "run_sample", "samples", "summarize"]
@@ -240,20 +241,20 @@ def run_sample(sample: Sample, build: Callable[[Any], Callable[..., Any]] | None
             graph = from_torch(module, [t.clone() for t in tensors])
             run = (build or _default_build)(graph)
     except refusals as exc:
-        return verdict("refused", _one_line(exc))
+        return verdict("refused", one_line(exc))
     except Exception as exc:  # anything else is a crash: counted against us, never a pass
         unexportable = _export_failure(module, tensors)
         if unexportable:
             return verdict("skipped", f"torch.export cannot export it: {unexportable}")
-        return verdict("wrong", f"crash while importing/building: {type(exc).__name__}: {_one_line(exc)}")
+        return verdict("wrong", f"crash while importing/building: {type(exc).__name__}: {one_line(exc)}")
     try:
         got = run(*[t.detach().contiguous().numpy() for t in tensors])
     except refusals as exc:
-        return verdict("refused", _one_line(exc))
+        return verdict("refused", one_line(exc))
     except Exception as exc:
-        return verdict("wrong", f"crash while running: {type(exc).__name__}: {_one_line(exc)}")
+        return verdict("wrong", f"crash while running: {type(exc).__name__}: {one_line(exc)}")
     got = list(got) if isinstance(got, (tuple, list)) else [got]
-    problem = _mismatch(got, [e.detach().contiguous().numpy() for e in expected])
+    problem = output_mismatch(got, [e.detach().contiguous().numpy() for e in expected], RTOL, ATOL)
     if problem:
         return verdict("wrong", problem)
     steps = getattr(run, "steps", ())
@@ -269,7 +270,7 @@ def _export_failure(module: Any, tensors: Sequence[Any]) -> str:
             warnings.simplefilter("ignore")
             torch.export.export(module, tuple(t.clone() for t in tensors))
     except Exception as exc:
-        return f"{type(exc).__name__}: {_one_line(exc)[:120]}"
+        return f"{type(exc).__name__}: {one_line(exc)[:120]}"
     return ""
 
 
@@ -277,29 +278,6 @@ def _default_build(graph: Any) -> Callable[..., Any]:
     from ansor.graph.compiled import build_model
 
     return build_model(graph, None, verbose=False)  # no store: every task's default schedule
-
-
-def _mismatch(got: Sequence[Any], expected: Sequence[np.ndarray]) -> str:
-    if len(got) != len(expected):
-        return f"{len(got)} outputs where {len(expected)} are expected"
-    for i, (g, e) in enumerate(zip(got, expected)):
-        g = np.asarray(g)
-        if g.shape != e.shape:
-            return f"output {i}: shape {g.shape} where {e.shape} is expected"
-        if g.dtype != e.dtype:
-            return f"output {i}: dtype {g.dtype} where {e.dtype} is expected"
-        if e.dtype.kind in "fc":
-            if not np.allclose(g, e, rtol=RTOL, atol=ATOL, equal_nan=True):
-                with np.errstate(invalid="ignore"):
-                    err = np.nanmax(np.abs(g.astype(np.float64) - e.astype(np.float64)))
-                return f"output {i}: max abs error {err:.3g}"
-        elif not np.array_equal(g, e):
-            return f"output {i}: {int(np.sum(g != e))} of {e.size} elements differ"
-    return ""
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300]
 
 
 def summarize(verdicts: Iterable[Verdict]) -> dict[str, Counter]:
