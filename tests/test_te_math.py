@@ -46,3 +46,21 @@ def test_elementary_functions_refuse_integers():
     x = te.placeholder((4,), "int32", name="X")
     with pytest.raises(TypeError, match="float"):
         te.compute((4,), lambda i: te.sin(x[i]))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_maximum_minimum_and_max_reductions_keep_nan_as_numpy_does(dtype):
+    """relu, clamp and max pools of a NaN are NaN in numpy, PyTorch and ONNX; a compiled
+    `a > b ? a : b` used to drop a NaN in its first operand."""
+    n = 16
+    x = te.placeholder((n, 4), dtype, name="X")
+    relu = te.compute((n, 4), lambda i, j: te.maximum(x[i, j], te.const(0.0, dtype)), name="R")
+    low = te.compute((n, 4), lambda i, j: te.minimum(x[i, j], te.const(0.0, dtype)), name="L")
+    k = te.reduce_axis(4, name="k")
+    top = te.compute((n,), lambda i: te.max(x[i, k], axis=k), name="T")
+    data = np.random.default_rng(1).standard_normal((n, 4)).astype(dtype)
+    data[::3, 1] = np.nan
+    for out, want in ((relu, np.maximum(data, 0)), (low, np.minimum(data, 0)), (top, np.max(data, axis=1))):
+        got = build(Task([x, out]))(data)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got, want, equal_nan=True)

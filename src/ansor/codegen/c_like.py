@@ -85,10 +85,13 @@ def _helpers(qualifier: str) -> tuple[PreludePiece, ...]:
             f"return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }}\n", "helpers"))
     for dtype in ("float32", "float64", "int32", "int64"):
         t, s = C_TYPES[dtype], TYPE_SUFFIX[dtype]
+        # floats: a NaN in either operand is the result (numpy, PyTorch and ONNX propagate it;
+        # `a > b ? a : b` alone would drop a NaN in a and keep one in b)
+        nan = " || a != a" if dtype.startswith("float") else ""
         for op, cmp in (("max", ">"), ("min", "<")):
-            pieces.append(PreludePiece(
-                f"ansor_{op}_{s}", f"{qualifier} {t} ansor_{op}_{s}({t} a, {t} b) {{ return a {cmp} b ? a : b; }}\n",
-                "helpers"))
+            body = f"{{ return (a {cmp} b{nan}) ? a : b; }}"
+            pieces.append(PreludePiece(f"ansor_{op}_{s}", f"{qualifier} {t} ansor_{op}_{s}({t} a, {t} b) {body}\n",
+                                       "helpers"))
     return tuple(pieces)
 
 
