@@ -21,13 +21,13 @@ import re
 import sys
 import time
 import warnings
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ansor.graph.verdicts import one_line, output_mismatch
+from ansor.graph.verdicts import Verdict, one_line, output_mismatch, summarize
 
 __all__ = ["Case", "Verdict", "model_cases", "node_cases", "run_case", "summarize"]
 
@@ -53,14 +53,6 @@ class Case:
         nodes = self.model.graph.node
         op = nodes[0].op_type if nodes else "?"
         return f"{op} (expanded)" if self.name.endswith(("_expanded", "_expanded_ver18")) else op
-
-
-@dataclass
-class Verdict:
-    case: str
-    operator: str
-    status: str          # "pass" | "refused" | "wrong" | "skipped"
-    reason: str = ""
 
 
 def node_cases(name_filter: str | None = None) -> list[Case]:
@@ -195,14 +187,6 @@ def _default_build(graph: Any) -> Callable[..., Any]:
     from ansor.graph.compiled import build_model
 
     return build_model(graph, None, verbose=False)  # no store: every task's default schedule
-
-
-def summarize(verdicts: Iterable[Verdict]) -> dict[str, Counter]:
-    """Counts of each status per operator."""
-    table: dict[str, Counter] = defaultdict(Counter)
-    for v in verdicts:
-        table[v.operator][v.status] += 1
-    return dict(table)
 
 
 def float32_only(case: Case) -> bool:

@@ -39,12 +39,12 @@ import re
 import sys
 import time
 import warnings
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 
-from ansor.graph.verdicts import one_line, output_mismatch
+from ansor.graph.verdicts import Verdict, one_line, output_mismatch, summarize
 
 __all__ = ["ENTRY_POINTS", "Sample", "Verdict", "core_aten_operators", "core_name", "core_opinfos",
            "markdown_table", "run_sample", "samples", "summarize"]
@@ -90,15 +90,6 @@ class Sample:
     @property
     def name(self) -> str:
         return f"{self.operator}[{self.index}]"
-
-
-@dataclass
-class Verdict:
-    case: str
-    operator: str
-    status: str          # "pass" | "refused" | "wrong" | "skipped"
-    reason: str = ""
-    fallback: bool = False  # a pass that ran (part of) its graph with the numpy kernels
 
 
 def core_aten_operators() -> frozenset[str]:
@@ -278,17 +269,6 @@ def _default_build(graph: Any) -> Callable[..., Any]:
     from ansor.graph.compiled import build_model
 
     return build_model(graph, None, verbose=False)  # no store: every task's default schedule
-
-
-def summarize(verdicts: Iterable[Verdict]) -> dict[str, Counter]:
-    """Counts of each status per operator (a pass run with numpy kernels also counts as
-    "fallback")."""
-    table: dict[str, Counter] = defaultdict(Counter)
-    for v in verdicts:
-        table[v.operator][v.status] += 1
-        if v.status == "pass" and v.fallback:
-            table[v.operator]["fallback"] += 1
-    return dict(table)
 
 
 _LOCATION = re.compile(r""" at node '[^']*', in module '[^']*'(, File "[^"]*", line \d+, in \w+: [^:]*)?""")

@@ -1,17 +1,42 @@
 """What the conformance runners (`onnx_conformance`, `torch_conformance`) share: how an output is
 compared with the framework's, and how an error becomes a one-line reason.
 
-A pass needs every output equal in shape and dtype, floats within the tolerance given (NaN equal
+A case ends as one `Verdict` (pass, refused, wrong or skipped) and `summarize` counts them per
+operator. A pass needs every output equal in shape and dtype, floats within the tolerance given (NaN equal
 to NaN), integers and bools exactly; anything else is described in one line.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["one_line", "output_mismatch"]
+__all__ = ["Verdict", "one_line", "output_mismatch", "summarize"]
+
+
+@dataclass
+class Verdict:
+    """How one case ended."""
+
+    case: str
+    operator: str
+    status: str          # "pass" | "refused" | "wrong" | "skipped"
+    reason: str = ""
+    fallback: bool = False  # a pass that ran (part of) its graph with the numpy kernels
+
+
+def summarize(verdicts: Iterable[Verdict]) -> dict[str, Counter]:
+    """Counts of each status per operator (a pass run with numpy kernels also counts as
+    "fallback")."""
+    table: dict[str, Counter] = defaultdict(Counter)
+    for v in verdicts:
+        table[v.operator][v.status] += 1
+        if v.status == "pass" and v.fallback:
+            table[v.operator]["fallback"] += 1
+    return dict(table)
 
 
 def output_mismatch(got: Sequence[Any], expected: Sequence[np.ndarray], rtol: float, atol: float) -> str:
