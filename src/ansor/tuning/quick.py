@@ -99,8 +99,8 @@ MODEL_QUICK_PROGRAMS = 8
 MODEL_QUICK_LAP = 4
 #: A smaller search per task than a single workload's quick build: a model has tens of tasks
 #: and one time budget.
-#: (On a loaded 2-core Zen 5, a 7-task CNN: 512 x 3 spent 46 of 66 s searching; 128 x 1 took
-#: 35 s but picked a convolution 4x slower; 256 x 2 is between.)
+#: 256 x 2 sits between a search that dominates the build and one that picks poorly (both
+#: measured in BENCHMARKS.md, "A model's first build").
 MODEL_QUICK_SEARCH = SearchParams(evolutionary_search_population=256, evolutionary_search_num_iters=2,
                                   sample_init_min_population=32, eps_greedy=0.0)
 
