@@ -444,3 +444,11 @@ def test_cli_tunes_a_pytorch_model_given_as_a_python_file(tmp_path):
         assert rel_err(compiled(x.numpy()), module(x).numpy()) < TOLERANCE
     wrong = subprocess.run([*cli, f"{source}:nothing", "--database", db], capture_output=True, text=True)
     assert wrong.returncode == 2 and "defines no 'nothing'" in wrong.stderr and len(wrong.stderr.splitlines()) == 1
+
+
+def test_a_graph_tunes_from_an_options_object_too(tmp_path):
+    torch.manual_seed(6)
+    graph = ansor.graph.from_torch(nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval(), (torch.randn(2, 8),))
+    results = ansor.tune(graph, options=ansor.TuneOptions(trials=3, seed=0), database=str(tmp_path / "o.db"),
+                         progress=False)
+    assert [r.trials for r in results] == [3]

@@ -64,7 +64,8 @@ def tune(what: Any, trials: int | None = None, *, database: RecordStore | str | 
         if isinstance(what, Graph):
             if options is not None:
                 keywords = {**_changed_fields(options), **keywords}
-            graph_trials = 1000 if trials is None else trials
+            given = keywords.pop("trials", None)  # from options=, where it is a field like the others
+            graph_trials = trials if trials is not None else given if given is not None else 1000
             if progress:
                 hooks.append(TuneProgress(timeout=keywords.get("timeout")))
             notify = (lambda line: print(f"ansor: {line}", file=sys.stderr)) if progress else None
