@@ -69,7 +69,8 @@ class Record:
 
     ``steps`` is normalised to its JSON form (nested lists) and ``costs`` to
     a tuple of floats, so records built in memory and records loaded from a
-    file or database compare equal.
+    file or database compare equal. ``node`` names the machine that measured
+    it where measurement is spread over several (empty: where the job ran).
     """
 
     workload_key: str
@@ -82,9 +83,10 @@ class Record:
     all_cost: float = 0.0
     timestamp: float = 0.0
     version: str = RECORD_FORMAT_VERSION
+    node: str = ""
 
     def __post_init__(self) -> None:
-        for name in ("workload_key", "target_key", "state_key", "error_msg", "version"):
+        for name in ("workload_key", "target_key", "state_key", "error_msg", "version", "node"):
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"Record.{name} must be a str, got {type(getattr(self, name)).__name__}")
         if isinstance(self.costs, (str, bytes)):
@@ -116,8 +118,9 @@ class Record:
         return math.isfinite(self.median_cost)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object of `to_json`, with a fixed key order."""
-        return {
+        """The JSON object of `to_json`, with a fixed key order; ``node`` only where one is named,
+        so a record measured where the job ran reads as it did before the field existed."""
+        out = {
             "version": self.version,
             "workload_key": self.workload_key,
             "target_key": self.target_key,
@@ -129,6 +132,9 @@ class Record:
             "all_cost": self.all_cost,
             "timestamp": self.timestamp,
         }
+        if self.node:
+            out["node"] = self.node
+        return out
 
     def to_json(self) -> str:
         """One-line JSON (no newline), keys in a stable order for diffable logs."""
@@ -163,6 +169,8 @@ class Record:
         for name in ("all_cost", "timestamp"):
             if not is_number(obj.get(name, 0.0)):
                 raise DatabaseError(f"record field {name!r} must be a number")
+        if not isinstance(obj.get("node", ""), str):
+            raise DatabaseError("record field 'node' must be a string")
         return cls(
             workload_key=obj["workload_key"],
             target_key=obj["target_key"],
@@ -174,6 +182,7 @@ class Record:
             all_cost=obj.get("all_cost", 0.0),
             timestamp=obj.get("timestamp", 0.0),
             version=version,
+            node=obj.get("node", ""),
         )
 
     @classmethod

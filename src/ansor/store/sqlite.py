@@ -50,8 +50,12 @@ __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SQLiteStore", "default_database_
 #: foreign SQLite file is recognised before anything is written into it.
 APPLICATION_ID = 0x414E5352
 
-#: Version of the table layout below; stored in the ``meta`` table.
-SCHEMA_VERSION = 1
+#: Version of the table layout below; stored in the ``meta`` table. 2 added ``records.node``
+#: (the machine that measured a record). A version-1 file opened for writing is migrated in
+#: place, in one transaction (the column is added, empty for every existing record); opened
+#: read-only it is read as it is, its records' ``node`` empty. An older ansor refuses a
+#: migrated file as newer than it supports.
+SCHEMA_VERSION = 2
 
 _BUSY_TIMEOUT_S = 10.0
 _SQLITE_HEADER = b"SQLite format 3\x00"
@@ -83,7 +87,8 @@ CREATE TABLE records (
     error_msg    TEXT NOT NULL,
     all_cost     REAL NOT NULL,
     timestamp    REAL NOT NULL,
-    version      TEXT NOT NULL
+    version      TEXT NOT NULL,
+    node         TEXT NOT NULL DEFAULT ''  -- the machine that measured it ('' where the job ran)
 );
 CREATE INDEX records_by_cost ON records (workload_key, target_key, median_cost);
 CREATE INDEX records_by_state ON records (workload_key, target_key, state_key);
@@ -91,8 +96,11 @@ CREATE INDEX records_by_state ON records (workload_key, target_key, state_key);
 
 _RECORD_COLUMNS = (
     "workload_key, target_key, state_key, steps, costs, median_cost,"
-    " error_no, error_msg, all_cost, timestamp, version"
+    " error_no, error_msg, all_cost, timestamp, version, node"
 )
+#: What a version-1 file (no ``node`` column) is read with when it may not be migrated.
+_RECORD_COLUMNS_V1 = _RECORD_COLUMNS.replace(", node", ", '' AS node")
+
 
 
 def default_database_path() -> Path:
@@ -130,6 +138,7 @@ class SQLiteStore:
         if self.read_only and self._memory:
             raise DatabaseError(":memory: cannot be opened read-only: it would always be empty")
         self._lock = threading.RLock()
+        self._columns = _RECORD_COLUMNS  # what records are selected with (see SCHEMA_VERSION)
         self._conn: sqlite3.Connection | None = self._open()
 
     @classmethod
@@ -200,7 +209,8 @@ class SQLiteStore:
                 raise self._fail("is empty: not an ansor records database yet")
             if state == "foreign":
                 raise self._fail("is an SQLite database that does not belong to ansor (no ansor application_id)")
-            self._check_schema_version(conn)
+            if self._check_schema_version(conn) < 2:
+                self._columns = _RECORD_COLUMNS_V1
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise self._fail(f"cannot use database: {exc}") from None
@@ -258,7 +268,8 @@ class SQLiteStore:
                     "is an SQLite database that does not belong to ansor"
                     " (no ansor application_id); refusing to write into it"
                 )
-            self._check_schema_version(conn)
+            if self._check_schema_version(conn) < SCHEMA_VERSION:
+                self._migrate(conn)
         except sqlite3.DatabaseError as exc:
             raise self._fail(f"cannot use database: {exc}") from None
 
@@ -271,7 +282,8 @@ class SQLiteStore:
             return "blank"
         return "foreign"
 
-    def _check_schema_version(self, conn: sqlite3.Connection) -> None:
+    def _check_schema_version(self, conn: sqlite3.Connection) -> int:
+        """The file's schema version; a DatabaseError where it is missing, damaged or newer."""
         try:
             row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         except sqlite3.OperationalError:
@@ -289,6 +301,23 @@ class SQLiteStore:
             )
         if version < 1:
             raise self._fail(f"has an invalid schema version {version}")
+        return version
+
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection) -> None:
+        """Bring an older file to `SCHEMA_VERSION` in one transaction (another process may have
+        done it meanwhile: the version is read again under the write lock)."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = int(conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
+            if version < 2:
+                conn.execute("ALTER TABLE records ADD COLUMN node TEXT NOT NULL DEFAULT ''")
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
 
     # ------------------------------------------------------------- plumbing
 
@@ -320,7 +349,7 @@ class SQLiteStore:
 
     def _record_from_row(self, row: tuple) -> Record:
         """Build a record from a trusted row without re-normalising it."""
-        wk, tk, sk, steps, costs, _median_cost, error_no, error_msg, all_cost, timestamp, version = row
+        wk, tk, sk, steps, costs, _median_cost, error_no, error_msg, all_cost, timestamp, version, node = row
         try:
             steps_v = json.loads(steps)
             costs_v = tuple(float(c) for c in json.loads(costs))
@@ -338,6 +367,7 @@ class SQLiteStore:
             ("all_cost", float(all_cost)),
             ("timestamp", float(timestamp)),
             ("version", version),
+            ("node", node),
         ):
             object.__setattr__(rec, name, value)
         return rec
@@ -359,6 +389,7 @@ class SQLiteStore:
             rec.all_cost,
             rec.timestamp,
             rec.version,
+            rec.node,
         )
 
     @staticmethod
@@ -436,7 +467,7 @@ class SQLiteStore:
                 count += 1
 
         with self._cursor("add_records", write=True) as conn:
-            conn.executemany(f"INSERT INTO records ({_RECORD_COLUMNS}) VALUES ({', '.join('?' * 11)})", rows())
+            conn.executemany(f"INSERT INTO records ({_RECORD_COLUMNS}) VALUES ({', '.join('?' * 12)})", rows())
         return count
 
     def records(
@@ -447,7 +478,7 @@ class SQLiteStore:
         if ok_only:
             where += (" AND" if where else " WHERE") + " median_cost IS NOT NULL"
         with self._cursor("records") as conn:
-            rows = conn.execute(f"SELECT {_RECORD_COLUMNS} FROM records{where} ORDER BY id", params).fetchall()
+            rows = conn.execute(f"SELECT {self._columns} FROM records{where} ORDER BY id", params).fetchall()
         return [self._record_from_row(r) for r in rows]
 
     def best(self, workload_key: str, target_key: str, k: int = 1) -> list[Record]:
@@ -555,7 +586,7 @@ class SQLiteStore:
                 params,
             ):
                 fh.write(canonical_json({"target": {"key": key, "description": json.loads(desc)}}) + "\n")
-            for row in conn.execute(f"SELECT {_RECORD_COLUMNS} FROM records{where} ORDER BY id", params):
+            for row in conn.execute(f"SELECT {self._columns} FROM records{where} ORDER BY id", params):
                 fh.write(self._record_from_row(row).to_json() + "\n")
                 n += 1
         return n
@@ -582,7 +613,7 @@ class SQLiteStore:
                 ).fetchone()
                 if dup is None:
                     conn.execute(
-                        f"INSERT INTO records ({_RECORD_COLUMNS}) VALUES ({', '.join('?' * 11)})",
+                        f"INSERT INTO records ({_RECORD_COLUMNS}) VALUES ({', '.join('?' * 12)})",
                         self._row_from_record(rec),
                     )
                     inserted += 1
