@@ -302,6 +302,8 @@ def canonical_form(dag: ComputeDAG) -> list:
         reduce_doms = [[a.lo, a.extent] for a in op.reduce_axes]
         stages.append(["compute", list(op.shape), op.dtype, reduce_doms,
                        _canonical_expr(op.body, var_names, tensor_pos)])
+        if op.attrs.get("template"):  # written by its template, so never another stage's records
+            stages[-1].append(["template", {k: repr(v) for k, v in sorted(op.attrs.items())}])
     signature = [[tensor_pos[id(t)] for t in dag.inputs], [tensor_pos[id(t)] for t in dag.outputs]]
     return [WORKLOAD_KEY_VERSION, stages, signature]
 

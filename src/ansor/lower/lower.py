@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ansor.lower import ir
+from ansor.lower.attention import lower_attention, template_stage
 from ansor.schedule.relations import leaf_expressions, root_axis_of
 from ansor.schedule.printer import state_to_str
 from ansor.schedule.state import ScheduleError, Stage, State
@@ -52,6 +53,8 @@ def lower(state: State, name: str = "kernel") -> ir.PrimFunc:
     if not state.concrete:
         undecided = [f"{s.name}.{it.name}" for s in state.stages for it in s.iters if it.extent is None]
         raise ScheduleError(f"cannot lower: split lengths undecided for {', '.join(undecided[:4])}")
+    if template_stage(state) is not None:  # written whole from its knobs (lower/attention.py)
+        return lower_attention(state, name)
     return _Lowerer(state, name).run()
 
 
@@ -68,6 +71,8 @@ def schedule_text(state: State) -> str:
     does)."""
     if not state.concrete:
         return state_to_str(state)
+    if template_stage(state) is not None:
+        return ir.ir_to_str(lower_attention(state).body)
     low = _Lowerer(state, "kernel")
     low.run()
     extents, values = {}, {}

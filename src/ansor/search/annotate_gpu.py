@@ -31,6 +31,7 @@ from ansor.schedule.state import ScheduleError, State
 from ansor.schedule.steps import AnnotateStep, SplitStep
 from ansor.search.annotate import annotate, annotate_unroll, register_level_splits, sample_factors
 from ansor.search.params import SearchParams
+from ansor.search.template import annotate_template, template_stage_of
 
 THREAD_COUNTS = (32, 64, 128, 256, 512, 1024)  # block sizes an untiled stage draws from
 MAX_TILE_TRIES = 64
@@ -222,4 +223,6 @@ def annotate_program(sketch_steps: list, dag, rng: random.Random, params: Search
     (num_cores, vector_lanes, vector_registers)."""
     if isinstance(hardware, GPUHardware):
         return annotate_gpu(sketch_steps, dag, rng, params, hardware)
+    if template_stage_of(dag) is not None:  # a template's knobs, not loop annotations
+        return annotate_template(sketch_steps, dag, rng, params, hardware[1])
     return annotate(sketch_steps, dag, rng, params, *hardware)

@@ -22,6 +22,7 @@ from ansor.search.params import GPU_MUTATION_WEIGHTS, SearchParams, search_param
 from ansor.search.policy import MeasureResult, SearchPolicy
 from ansor.search.sketch import CPU_RULES, Sketch, SketchContext, SketchRule, generate_sketches
 from ansor.search.sketch_gpu import GPU_RULES
+from ansor.search.template import TEMPLATE_RULE
 from ansor.task import Task
 
 
@@ -40,7 +41,7 @@ class SketchPolicy(SearchPolicy):
         self.cost_model = cost_model
         ctx = SketchContext(target, self.params.cpu_multi_level_tiling_structure,
                             tuple(self.params.cpu_fusion_levels), self.params.cpu_pack_reused_operands)
-        rules = GPU_RULES if target.is_gpu else CPU_RULES
+        rules = GPU_RULES if target.is_gpu else (TEMPLATE_RULE, *CPU_RULES)  # a template stage has its own sketch
         self.sketches: list[Sketch] = generate_sketches(State(task.dag), ctx, custom_rules, base_rules=rules)
         if not self.sketches:
             raise ValueError(f"no sketch could be derived for task {task.name!r}")
