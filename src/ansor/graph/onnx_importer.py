@@ -30,6 +30,11 @@ _ATTRIBUTES: dict[str, frozenset[str]] = {}
 SUPPORTED_DTYPES = ("float32", "float64", "int32", "int64", "bool")
 
 
+#: operators mapped by their handler even when every input is known: their subgraphs read
+#: values of the enclosing graph (graph/onnx_control_flow.py)
+_CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
+
+
 def _handles(*op_types: str, attrs: tuple[str, ...] = ()):
     def deco(fn: Handler) -> Handler:
         for op_type in op_types:
@@ -90,6 +95,7 @@ class _OnnxImporter:
         self.values: dict[str, str] = {}    # ONNX value name -> graph value or constant name
         self._expansions = 0                 # function bodies expanded so far (unique prefixes)
         self.empty_inputs: list[str] = []    # inputs without elements: known, not graph inputs
+        self.producers: dict[str, list[str]] = {}  # graph value -> the ONNX values it was computed from
         self.opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=13)
 
     # ------------------------------------------------------------------------ the walk
@@ -120,6 +126,9 @@ class _OnnxImporter:
         for node in self.model.graph.node:
             self._import_node(node)
         for out in self.model.graph.output:
+            if not out.type.HasField("tensor_type"):
+                raise UnsupportedOperatorError(f"output {out.name!r} is not a tensor "
+                                               f"({out.type.WhichOneof('value')}); ansor runs tensors only")
             if out.name in self.known:
                 name = self.graph.add_constant(self.known[out.name])
                 shape = self.known[out.name].shape
@@ -136,7 +145,7 @@ class _OnnxImporter:
             self._unsupported(node, f"operator domain {node.domain!r}")
         if node.op_type == "Shape" and node.input[0] in self.values:
             self.known[node.output[0]] = self._static_shape(node)
-        elif all(not name or name in self.known for name in node.input):
+        elif node.op_type not in _CONTROL_FLOW and all(not name or name in self.known for name in node.input):
             self._evaluate(node)
         elif node.op_type in _HANDLERS:
             self._check_attributes(node)
@@ -146,6 +155,7 @@ class _OnnxImporter:
                 self._unsupported(node, f"output {missing[0]!r} (only the first output is computed) of")
             for o in node.output:
                 if o in self.values:
+                    self.producers.setdefault(o, [i for i in node.input if i])
                     out = self.graph.type_of(self.values[o])
                     self._check_dtype(node, out.dtype)
                     if 0 in out.shape:
@@ -157,6 +167,8 @@ class _OnnxImporter:
         """Import `node` as the nodes of its ONNX function body (the standard's own definition
         of e.g. Softplus, Mish, CastLike, RMSNormalization, Attention by other operators), each
         imported in turn under the function's opset; False when the operator has none."""
+        from ansor.graph.onnx_control_flow import rename_in_node
+
         found = self._function_body(node)
         if found is None:
             return False
@@ -175,9 +187,8 @@ class _OnnxImporter:
                 copy = type(inner)()
                 copy.CopyFrom(inner)
                 copy.name = prefix + (inner.name or inner.op_type)
-                for field in (copy.input, copy.output):
-                    for i, name in enumerate(field):
-                        field[i] = rename.get(name, prefix + name if name else "")
+                # the body's names (in its subgraphs too) are the function's own: renamed alike
+                rename_in_node(copy, lambda name: rename.get(name, prefix + name))
                 kept = []
                 for a in copy.attribute:
                     if a.ref_attr_name:
@@ -267,6 +278,8 @@ class _OnnxImporter:
             raise UnsupportedOperatorError(f"ONNX {node.op_type} node {node.name!r}: cannot be evaluated at "
                                            f"import ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})") from None
         for name, value in zip([o for o in node.output if o], results):
+            if not isinstance(value, (np.ndarray, np.generic)):  # a sequence, an optional or a map
+                self._unsupported(node, f"{type(value).__name__} result (ansor runs tensors only) of")
             self.known[name] = np.asarray(value)
 
     def _static_shape(self, node: Any) -> np.ndarray:
@@ -295,9 +308,29 @@ class _OnnxImporter:
                 raise StaticInputRequired(f"ONNX {node.op_type} node {node.name!r}: its {what} is the graph "
                                           f"input {name!r}; give its value at import: "
                                           f"from_onnx(model, inputs={{{name!r}: ...}})", name)
+            source = self._graph_input_behind(name)
+            if source is not None:
+                raise StaticInputRequired(f"ONNX {node.op_type} node {node.name!r}: its {what} ({name!r}) is "
+                                          f"computed from the graph input {source!r}; give its value at import: "
+                                          f"from_onnx(model, inputs={{{source!r}: ...}})", source)
             raise UnsupportedOperatorError(f"ONNX {node.op_type} node {node.name!r}: its {what} "
                                            f"({name!r}) is computed at run time; ansor needs it static")
         return self.known[name]
+
+    def _graph_input_behind(self, name: str) -> str | None:
+        """The first graph input that the value `name` is computed from, if any: giving its
+        value at import may make `name` known."""
+        inputs = {vi.name for vi in self.model.graph.input}
+        seen, todo = set(), [name]
+        while todo:
+            current = todo.pop(0)
+            if current in seen:
+                continue
+            seen.add(current)
+            if current in inputs and current not in self.known:
+                return current
+            todo.extend(self.producers.get(current, []))
+        return None
 
     def shape(self, name: str) -> tuple[int, ...]:
         if name in self.known:
@@ -1237,3 +1270,8 @@ def _one_hot(imp: _OnnxImporter, node: Any) -> None:
     imp._check_dtype(node, dtype)
     imp.emit(node, "where", [hit, imp.graph.add_constant(values[1:2].reshape(())),
                              imp.graph.add_constant(values[0:1].reshape(()))])
+
+
+# converter groups in modules of their own register themselves with `_handles` on import
+from ansor.graph import onnx_control_flow  # noqa: E402,F401
+from ansor.graph import onnx_shape_constants  # noqa: E402,F401
