@@ -1275,3 +1275,4 @@ def _one_hot(imp: _OnnxImporter, node: Any) -> None:
 # converter groups in modules of their own register themselves with `_handles` on import
 from ansor.graph import onnx_control_flow  # noqa: E402,F401
 from ansor.graph import onnx_shape_constants  # noqa: E402,F401
+from ansor.graph import onnx_sampling  # noqa: E402,F401

@@ -723,3 +723,7 @@ def _grid_sample(xs, a):
         for dx, fx in ((0, 1 - wx), (1, wx)):
             out = out + read(y0 + dy, x0 + dx) * (fy * fx)[:, None]
     return out
+
+
+# rare operators with numpy kernels only register their shape rules and kernels on import
+from ansor.graph import numpy_operators  # noqa: E402,F401
