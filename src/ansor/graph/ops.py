@@ -688,3 +688,30 @@ def _grid_sample(types, attrs):
     _check(attrs["padding_mode"] in ("zeros", "border", "reflection"),
            f"grid_sample: padding_mode {attrs['padding_mode']!r}")
     return TensorType((x.shape[0], x.shape[1], grid.shape[1], grid.shape[2]), x.dtype)
+
+
+# ----------------------------------------------------------------------------- fused attention
+
+ATTENTION_MASKS = ("none", "additive", "lengths")
+
+
+@_register("attention", (3, 4), {"scale": 1.0, "causal": False, "mask": "none"})
+def _attention(types, attrs):
+    """softmax(q @ k^T * scale + mask) @ v in one operator (`graph.attention_fusion` finds it):
+    q [B, H, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] with Hkv dividing H (grouped-query
+    heads share K/V). The fourth input is an additive mask broadcasting to [B, H, Lq, Lk]
+    (mask "additive") or the valid key lengths [B] (mask "lengths"); `causal` keeps key j
+    for query i where j <= i."""
+    q, k, v = types[:3]
+    _check(len(q.shape) == len(k.shape) == len(v.shape) == 4, f"attention: q {q.shape} k {k.shape} v {v.shape}")
+    _check(k.shape[0] == q.shape[0] and v.shape[:3] == k.shape[:3] and k.shape[3] == q.shape[3]
+           and q.shape[1] % k.shape[1] == 0, f"attention: q {q.shape} k {k.shape} v {v.shape}")
+    _check(attrs["mask"] in ATTENTION_MASKS, f"attention: mask {attrs['mask']!r}")
+    _check((len(types) == 4) == (attrs["mask"] != "none"), f"attention: mask {attrs['mask']!r} with {len(types)} inputs")
+    if attrs["mask"] == "additive":
+        m = types[3]
+        _check(m.dtype == q.dtype and len(m.shape) <= 4, f"attention: mask {m}")
+        broadcast_shapes(m.shape, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
+    if attrs["mask"] == "lengths":
+        _check(types[3].shape == (q.shape[0],) and types[3].dtype.startswith("int"), f"attention: lengths {types[3]}")
+    return TensorType(q.shape[:3] + (v.shape[3],), q.dtype)

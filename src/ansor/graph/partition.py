@@ -38,13 +38,16 @@ from ansor.graph.ir import Graph, Node, _canonical
 from ansor.graph.ops import BINARY_OPS, COMPARE_OPS, LOGICAL_OPS, UNARY_OPS
 
 ANCHOR_OPS = frozenset({
-    "conv2d", "linear", "matmul", "scaled_dot_product_attention",
+    "conv2d", "linear", "matmul", "scaled_dot_product_attention", "attention",
     "softmax", "log_softmax", "layer_norm", "mean", "sum", "max", "min",
     "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "winograd_input", "winograd_output",
 })
 INJECTIVE_OPS = frozenset({*UNARY_OPS, *BINARY_OPS, *COMPARE_OPS, *LOGICAL_OPS, "logical_not",
                            "gelu", "clamp", "cast", "where", "batch_norm", "embedding", "index", "take"})
 LAYOUT_OPS = frozenset({"reshape", "permute", "expand", "slice", "concat", "pad"})
+
+#: Anchors written whole by a template (`te.attention`), which takes producers but no epilogue.
+NO_EPILOGUE_OPS = frozenset({"attention"})
 
 #: Constants of at most this many elements are part of a subgraph's key (and are written into
 #: its computation as literals): a scale of 0.125 and one of 2.0 are different functions.
@@ -185,7 +188,7 @@ def partition(graph: Graph) -> list[Subgraph]:
             continue
         kind = op_kind(node.op)
         group = [node]
-        if kind in ("anchor", "injective", "layout"):
+        if kind in ("anchor", "injective", "layout") and node.op not in NO_EPILOGUE_OPS:
             follow = "layout" if kind == "layout" else "injective"
             cur = node
             while True:

@@ -22,6 +22,7 @@ from ansor.graph.ir import Graph, Node
 from ansor.graph.layout import to_channels_last
 from ansor.graph.ops import conv_padding4
 from ansor.graph.reference import run_node
+from ansor.graph.rewrites import rewrite
 from ansor.graph.winograd import to_winograd
 
 #: A folded constant larger than this is left to run as a node: folding an `expand` of a
@@ -209,6 +210,7 @@ def simplify(graph: Graph, channels_last: bool = True, winograd: bool = True) ->
     g = fold_batch_norm(g)
     g = remove_identities(g)
     g = fold_pad_into_conv(g)
+    g = rewrite(g).graph  # checked, cost-lowering rewrites; attention fused into one operator
     g = decompose_attention(g)
     g = fold_constants(g)
     if not channels_last:

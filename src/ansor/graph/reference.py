@@ -725,5 +725,21 @@ def _grid_sample(xs, a):
     return out
 
 
+@_kernel("attention")
+def _fused_attention(xs, a):
+    q, k, v = xs[:3]
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * np.asarray(a["scale"], dtype=q.dtype)
+    lq, lk = s.shape[-2:]
+    if a["mask"] == "additive":
+        s = s + xs[3]
+    if a["mask"] == "lengths":
+        s = np.where(np.arange(lk) < xs[3].reshape(-1, 1, 1, 1), s, -np.inf)
+    if a["causal"]:
+        s = np.where(np.tril(np.ones((lq, lk), dtype=bool)), s, -np.inf)
+    return np.matmul(_softmax([s], {"axis": -1}), v)
+
+
 # rare operators with numpy kernels only register their shape rules and kernels on import
 from ansor.graph import numpy_operators  # noqa: E402,F401

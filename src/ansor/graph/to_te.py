@@ -28,6 +28,7 @@ from ansor.target import Target
 from ansor.task import Task
 from ansor.te import expr as E
 from ansor.te import winograd
+from ansor.te.attention import attention
 from ansor.te.tensor import Tensor
 
 Value = Union[Tensor, E.Expr]  # a tensor, or a literal standing for a one-element constant
@@ -700,3 +701,14 @@ def _log1p(n: Node, x: E.Expr) -> E.Expr:
 
 LOWERINGS["expm1"] = _elementwise(_expm1)
 LOWERINGS["log1p"] = _elementwise(_log1p)
+
+
+@_lowers("attention")
+def _fused_attention(args: list[Value], node: Node, out: TensorType, name: str) -> Tensor:
+    """One attention template task (`te.attention`: the softmax online over key tiles)."""
+    q, k, v = (_tensor(a, node, r) for a, r in zip(args[:3], ("query", "key", "value")))
+    a = node.attrs
+    extra = _tensor(args[3], node, a["mask"]) if len(args) == 4 else None
+    return attention(q, k, v, mask=extra if a["mask"] == "additive" else None,
+                     lengths=extra if a["mask"] == "lengths" else None, scale=a["scale"],
+                     causal=a["causal"], name=name)

@@ -30,6 +30,7 @@ from ansor.schedule.errors import ScheduleError
 from ansor.schedule.state import Split, State
 from ansor.te import expr as E
 from ansor.te.attention import AttentionParts, attention_parts, is_template
+from ansor.te.tensor import ComputeOp
 
 
 @dataclass(frozen=True)
@@ -83,15 +84,32 @@ def lower_attention(state: State, name: str = "kernel") -> ir.PrimFunc:
     return ir.PrimFunc(name, params, _Writer(parts, knobs, buffers).program())
 
 
+class _Reads:
+    """Reads of the template's inputs as expressions over the kernel's buffers. An input that
+    is a stage of its own (the reshape and permute that split heads, fused into the task by
+    partitioning) is read through its body, so its copy is never made."""
+
+    def __init__(self, buffers: dict):
+        self.buffers = buffers
+
+    def __call__(self, tensor, indices) -> E.Expr:
+        indices = tuple(indices)
+        if id(tensor) in self.buffers:
+            return ir.BufferLoad(self.buffers[id(tensor)], indices)
+        op = tensor.op
+        if not isinstance(op, ComputeOp) or op.reduce_axes:
+            raise ScheduleError(f"attention template: input {tensor.name!r} is neither an input nor elementwise")
+        body = E.substitute(op.body, dict(zip(op.axes, indices)))
+        return E.transform(body, lambda n: self(n.tensor, n.indices) if isinstance(n, E.TensorRead) else None)
+
+
 class _Writer:
     """Writes the loop nest of one attention program."""
 
     def __init__(self, parts: AttentionParts, knobs: AttentionKnobs, buffers: dict):
         self.p, self.k = parts, knobs
-        self.q_buf, self.k_buf, self.v_buf = (buffers[id(t)] for t in (parts.q, parts.k, parts.v))
+        self.read = _Reads(buffers)
         self.out_buf = buffers[id(parts.output)]
-        self.mask_buf = buffers[id(parts.mask)] if parts.mask is not None else None
-        self.len_buf = buffers[id(parts.lengths)] if parts.lengths is not None else None
         self.dtype = parts.q.dtype
         b, h, self.lq, self.d = parts.q.shape
         self.lk, self.dv = parts.k.shape[2], parts.v.shape[3]
@@ -150,8 +168,8 @@ class _Writer:
         visible = []
         if self.p.causal:  # the tile's first key is not after the tile's last query
             visible.append(E.compare("<=", k0, self.q0 + self.i(self.qt - 1)))
-        if self.len_buf is not None:
-            visible.append(E.compare("<", k0, E.cast(ir.BufferLoad(self.len_buf, (self.n,)), "int32")))
+        if self.p.lengths is not None:
+            visible.append(E.compare("<", k0, E.cast(self.read(self.p.lengths, (self.n,)), "int32")))
         if not visible:
             return body
         cond = visible[0] if len(visible) == 1 else visible[0] & visible[1]
@@ -161,7 +179,7 @@ class _Writer:
         """kT[d, ki] = K[n, hk, k0 + ki, d], zero past the last key."""
         def row(ki):
             j = k0 + ki
-            load = lambda dd: ir.BufferLoad(self.k_buf, (self.n, self.hk, j, dd))  # noqa: E731
+            load = lambda dd: self.read(self.p.k, (self.n, self.hk, j, dd))  # noqa: E731
             copy = self.loop("dd", self.d, lambda dd: ir.Store(self.kT, (dd, ki), load(dd)))
             if self.lk % self.kt == 0:
                 return copy
@@ -178,7 +196,7 @@ class _Writer:
             zero = self.loop("ki", self.kt, lambda ki: ir.Store(self.s, (qi, ki), self.c(0.0)), "vectorized")
 
             def step(dd):
-                qd = ir.BufferLoad(self.q_buf, (self.n, self.h, i_safe, dd))
+                qd = self.read(self.p.q, (self.n, self.h, i_safe, dd))
                 return self.loop("ki", self.kt, lambda ki: ir.Store(
                     self.s, (qi, ki), ir.BufferLoad(self.s, (qi, ki)) + qd * ir.BufferLoad(self.kT, (dd, ki))),
                     "vectorized")
@@ -195,14 +213,14 @@ class _Writer:
 
     def masked(self, qi: E.Expr, ki: E.Expr, i: E.Expr, j: E.Expr, i_safe: E.Expr, j_safe: E.Expr) -> E.Expr:
         value = ir.BufferLoad(self.s, (qi, ki)) * self.c(self.p.scale)
-        if self.mask_buf is not None:
-            mshape = self.mask_buf.shape
+        if self.p.mask is not None:
+            mshape = self.p.mask.shape
             full = (self.n, self.h, i_safe, j_safe)[4 - len(mshape):]
-            value = value + ir.BufferLoad(self.mask_buf, tuple(self.i(0) if size == 1 else x
-                                                                for size, x in zip(mshape, full)))
+            value = value + self.read(self.p.mask, tuple(self.i(0) if size == 1 else x
+                                                         for size, x in zip(mshape, full)))
         keep = [E.compare("<", j, self.i(self.lk))] if self.lk % self.kt else []
-        if self.len_buf is not None:
-            keep.append(E.compare("<", j, E.cast(ir.BufferLoad(self.len_buf, (self.n,)), "int32")))
+        if self.p.lengths is not None:
+            keep.append(E.compare("<", j, E.cast(self.read(self.p.lengths, (self.n,)), "int32")))
         if self.p.causal:
             keep.append(E.compare("<=", j, i))
         if not keep:
@@ -247,7 +265,7 @@ class _Writer:
                 update = self.loop("e", w, lambda e: ir.Store(
                     self.acc, (qi, ec * self.i(w) + e),
                     ir.BufferLoad(self.acc, (qi, ec * self.i(w) + e))
-                    + ir.BufferLoad(self.s, (qi, ki)) * ir.BufferLoad(self.v_buf, (self.n, self.hk, j, ec * self.i(w) + e))),
+                    + ir.BufferLoad(self.s, (qi, ki)) * self.read(self.p.v, (self.n, self.hk, j, ec * self.i(w) + e))),
                     "vectorized")
                 if self.lk % self.kt == 0:
                     return update
