@@ -187,7 +187,7 @@ CORRUPT = {
     "unknown node kind": (_corrupt(_set_node("binop", lambda n: ["lambda", "x"])), "unknown expression kind"),
     "unknown operator": (_corrupt(_set_node("binop", lambda n: [n[0], "**"] + n[2:])), "unknown arithmetic"),
     "wrong arity": (_corrupt(_set_node("binop", lambda n: n[:-1])), "fields, expected"),
-    "bad dtype": (_corrupt(lambda d: d["tensors"][0].update(dtype="float16")), "bad dtype"),
+    "bad dtype": (_corrupt(lambda d: d["tensors"][0].update(dtype="complex64")), "bad dtype"),
     "dtype that disagrees": (_corrupt(_set_node("binop", lambda n: [n[0], n[1], "float64"] + n[3:])),
                              "stored dtype"),
     "tensor reference out of range": (_corrupt(_set_node("read", lambda n: ["read", 7, n[2]])),

@@ -76,13 +76,22 @@ def _expr_flops(expr: E.Expr) -> float:
     if isinstance(expr, E.TensorRead):
         return 0.0
     own = 0.0
-    if isinstance(expr, (E.BinOp, E.Call)) and not E.is_int(expr.dtype):
+    if isinstance(expr, (E.BinOp, E.Call)) and _is_data_op(expr, expr.dtype):
         own = 1.0
-    elif isinstance(expr, E.Compare) and not E.is_int(expr.a.dtype):
+    elif isinstance(expr, E.Compare) and _is_data_op(expr, expr.a.dtype):
         own = 1.0
     if isinstance(expr, E.Select):
         return _expr_flops(expr.cond) + max(_expr_flops(expr.a), _expr_flops(expr.b))
     return own + sum(_expr_flops(c) for c in expr.children())
+
+
+def _is_data_op(expr: E.Expr, dtype: str) -> bool:
+    """Whether an operation computes on data rather than on indices: any float or narrow
+    integer operation, and an int32/int64 one on values read from tensors (the products
+    of an int8 matmul widened to int32) rather than on axes alone."""
+    if not E.is_index(dtype):
+        return True
+    return any(isinstance(n, E.TensorRead) for n in E.walk(expr))
 
 
 def _is_simple_access(read: E.TensorRead, axes: Sequence[E.IterVar]) -> tuple[bool, list[int]]:

@@ -22,9 +22,18 @@ from typing import Iterable, Sequence
 from ansor.lower import ir
 from ansor.te import expr as E
 from ansor.te.arith import const_bounds, simplify
+from ansor.te.dtypes import HALF_DTYPES, int_range, is_unsigned
 
-C_TYPES = {"float32": "float", "float64": "double", "int32": "int32_t", "int64": "int64_t", "bool": "bool"}
-TYPE_SUFFIX = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64"}  # of helper names
+C_TYPES = {"float32": "float", "float64": "double", "int32": "int32_t", "int64": "int64_t", "bool": "bool",
+           "float16": "_Float16", "bfloat16": "uint16_t",  # bfloat16: its bits (gcc has no __bf16 arithmetic)
+           "int8": "int8_t", "int16": "int16_t", "uint8": "uint8_t", "uint16": "uint16_t",
+           "uint32": "uint32_t", "uint64": "uint64_t"}
+TYPE_SUFFIX = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64",  # of helper names
+               "int8": "i8", "int16": "i16", "uint8": "u8", "uint16": "u16", "uint32": "u32", "uint64": "u64",
+               "float16": "f32", "bfloat16": "f32"}  # float16/bfloat16 values are computed as float
+#: integers that C promotes to int before any arithmetic: each result is cast back to the type
+#: (wrapping, as numpy's arithmetic in the type does)
+NARROW_INTS = ("int8", "int16", "uint8", "uint16")
 
 # Names a generated kernel must never declare: C and GNU keywords, the types, macros and
 # functions of the headers it includes, and the libm functions it calls.
@@ -75,7 +84,7 @@ def assemble_prelude(table: Sequence[PreludePiece], used: Iterable[str]) -> str:
 def _helpers(qualifier: str) -> tuple[PreludePiece, ...]:
     """Floor division and modulo (C's / and % truncate) and min/max, one per type."""
     pieces = []
-    for dtype in ("int32", "int64"):
+    for dtype in ("int32", "int64", "int8", "int16"):
         t, s = C_TYPES[dtype], TYPE_SUFFIX[dtype]
         pieces.append(PreludePiece(
             f"ansor_floordiv_{s}", f"{qualifier} {t} ansor_floordiv_{s}({t} a, {t} b) {{ {t} q = a / b; "
@@ -83,7 +92,7 @@ def _helpers(qualifier: str) -> tuple[PreludePiece, ...]:
         pieces.append(PreludePiece(
             f"ansor_floormod_{s}", f"{qualifier} {t} ansor_floormod_{s}({t} a, {t} b) {{ {t} r = a % b; "
             f"return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }}\n", "helpers"))
-    for dtype in ("float32", "float64", "int32", "int64"):
+    for dtype in ("float32", "float64", *E.INT_DTYPES):
         t, s = C_TYPES[dtype], TYPE_SUFFIX[dtype]
         # floats: a NaN in either operand is the result (numpy, PyTorch and ONNX propagate it;
         # `a > b ? a : b` alone would drop a NaN in a and keep one in b)
@@ -92,7 +101,45 @@ def _helpers(qualifier: str) -> tuple[PreludePiece, ...]:
             body = f"{{ return (a {cmp} b{nan}) ? a : b; }}"
             pieces.append(PreludePiece(f"ansor_{op}_{s}", f"{qualifier} {t} ansor_{op}_{s}({t} a, {t} b) {body}\n",
                                        "helpers"))
+    # float to integer: truncated toward zero, saturated at the type's range, NaN to 0 (C leaves
+    # the out-of-range case undefined; ansor.te.dtypes defines it)
+    for src in ("float32", "float64"):
+        ft = C_TYPES[src]
+        for dtype in E.INT_DTYPES:
+            t, lo, hi = C_TYPES[dtype], *int_range(dtype)
+            # the bounds as powers of two, exact in every float type: x >= 2^(bits-1) saturates
+            suffix = "f" if src == "float32" else ""
+            top = f"{float(hi + 1)!r}{suffix}"
+            low = f"{float(lo)!r}{suffix}" if lo else f"0.0{suffix}"
+            max_text = f"{hi}ULL" if dtype == "uint64" else (f"{hi}LL" if hi > 2**31 else str(hi))
+            min_text = f"(-{hi}LL - 1)" if dtype == "int64" else (f"(-{hi} - 1)" if lo else "0")
+            pieces.append(PreludePiece(
+                f"ansor_sat_{TYPE_SUFFIX[src]}_{TYPE_SUFFIX[dtype]}",
+                f"{qualifier} {t} ansor_sat_{TYPE_SUFFIX[src]}_{TYPE_SUFFIX[dtype]}({ft} x) {{ "
+                f"return x != x ? ({t})0 : x <= {low} ? ({t}){min_text} : x >= {top} ? ({t}){max_text} : ({t})x; }}\n",
+                "helpers"))
     return tuple(pieces)
+
+
+# float16 and bfloat16 values are computed as float: a load widens, every operation rounds its
+# float result to the type (an exact float then, so a store only narrows), as numpy computes them
+_HALF_PIECES = (
+    PreludePiece("ansor_f32_bits", "typedef union { float f; uint32_t u; } ansor_f32_bits;\n", "half"),
+    PreludePiece("ansor_round_bf16", """\
+/* x rounded to bfloat16 (nearest, ties to even; a NaN stays a quiet NaN), as ml_dtypes rounds;
+   the result is a float whose low 16 bits are zero */
+static inline float ansor_round_bf16(float x) {
+  ansor_f32_bits v; v.f = x;
+  uint32_t rounded = (v.u + 0x7fffu + ((v.u >> 16) & 1u)) & 0xffff0000u;
+  v.u = (v.u & 0x7fffffffu) > 0x7f800000u ? ((v.u & 0x80000000u) | 0x7fc00000u) : rounded;
+  return v.f;
+}
+""", "half", ("ansor_f32_bits",)),
+    PreludePiece("ansor_load_bf16", "static inline float ansor_load_bf16(uint16_t h) { ansor_f32_bits v; "
+                 "v.u = (uint32_t)h << 16; return v.f; }\n", "half", ("ansor_f32_bits",)),
+    PreludePiece("ansor_store_bf16", "static inline uint16_t ansor_store_bf16(float x) { ansor_f32_bits v; "
+                 "v.f = x; return (uint16_t)(v.u >> 16); }  /* x is rounded already */\n", "half", ("ansor_f32_bits",)),
+)
 
 
 class CNames:
@@ -148,7 +195,7 @@ class CLikePrinter:
     HEADER = ""                             # the file's first lines (includes)
     BARRIER: str | None = None              # the statement of an `ir.Barrier`; None: unsupported
     STACK_LIMIT_BYTES = 64 * 1024           # larger allocated buffers go to the heap
-    PRELUDE: tuple[PreludePiece, ...] = _helpers("static inline")
+    PRELUDE: tuple[PreludePiece, ...] = _helpers("static inline") + _HALF_PIECES
 
     def __init__(self, func: ir.PrimFunc):
         self.func = func
@@ -174,19 +221,26 @@ class CLikePrinter:
         if isinstance(e, E.Var):
             return self.names(e, e.name)
         if isinstance(e, ir.BufferLoad):
-            return f"{self.names(e.buffer, e.buffer.name)}[{self.flat_index(e.buffer, e.indices)}]"
+            text = f"{self.names(e.buffer, e.buffer.name)}[{self.flat_index(e.buffer, e.indices)}]"
+            return self.half_load(e.buffer.dtype, text) if e.buffer.dtype in HALF_DTYPES else text
         if isinstance(e, E.BinOp):
             a, b = self.expr(e.a), self.expr(e.b)
             if e.op in ("min", "max"):
                 return f"{self.use(f'ansor_{e.op}_{TYPE_SUFFIX[e.dtype]}')}({a}, {b})"
+            if e.dtype in HALF_DTYPES:
+                return self.half_round(e.dtype, f"({a} {e.op} {b})")
             if e.op in ("//", "%"):
+                if is_unsigned(e.dtype):
+                    return self.narrow(e.dtype, f"({a} {'/' if e.op == '//' else '%'} {b})")
                 lo, _ = const_bounds(e.a, self.ranges)
                 blo, _ = const_bounds(e.b, self.ranges)
                 if lo >= 0 and blo > 0:
-                    return f"({a} {'/' if e.op == '//' else '%'} {b})"
+                    return self.narrow(e.dtype, f"({a} {'/' if e.op == '//' else '%'} {b})")
                 fn = "floordiv" if e.op == "//" else "floormod"
                 return f"{self.use(f'ansor_{fn}_{TYPE_SUFFIX[e.dtype]}')}({a}, {b})"
-            return f"({a} {e.op} {b})"
+            if e.dtype == "uint16" and e.op == "*":  # promoted to int, 65535 * 65535 would overflow
+                return self.narrow(e.dtype, f"((uint32_t){a} * (uint32_t){b})")
+            return self.narrow(e.dtype, f"({a} {e.op} {b})")
         if isinstance(e, E.Compare):
             return f"({self.expr(e.a)} {e.op} {self.expr(e.b)})"
         if isinstance(e, E.Logical):
@@ -197,30 +251,76 @@ class CLikePrinter:
         if isinstance(e, E.Select):
             return f"({self.expr(e.cond)} ? {self.expr(e.a)} : {self.expr(e.b)})"
         if isinstance(e, E.Cast):
-            return f"(({self.TYPES[e.dtype]}){self.expr(e.value)})"
+            return self.cast(e.value.dtype, e.dtype, self.expr(e.value))
         if isinstance(e, E.Call):
             return self.call(e)
         raise TypeError(f"cannot generate C for {type(e).__name__}")
+
+    def narrow(self, dtype: str, text: str) -> str:
+        """`text`, an arithmetic result, cast back to `dtype` where C computed it in int."""
+        return f"(({self.TYPES[dtype]}){text})" if dtype in NARROW_INTS else text
+
+    def cast(self, source: str, dtype: str, text: str) -> str:
+        """The conversion of `text`, a value of `source`, to `dtype` (`ansor.te.dtypes`'s rules)."""
+        if source == dtype:
+            return text
+        if dtype in HALF_DTYPES:
+            if source == "float64" and dtype == "float16":
+                return self.half_round(dtype, text)  # double to half directly, as numpy rounds
+            return self.half_round(dtype, text if source in E.FLOAT_DTYPES else f"((float){text})")
+        value = "float32" if source in HALF_DTYPES else source  # the float that holds it
+        if E.is_int(dtype) and E.is_float(value):
+            return f"{self.use(f'ansor_sat_{TYPE_SUFFIX[value]}_{TYPE_SUFFIX[dtype]}')}({text})"
+        if value == dtype:
+            return text
+        return f"(({self.TYPES[dtype]}){text})"
+
+    def half_load(self, dtype: str, text: str) -> str:
+        """A float16/bfloat16 element `text` read as the float that computes with it."""
+        if dtype == "bfloat16":
+            return f"{self.use('ansor_load_bf16')}({text})"
+        return f"((float){text})"
+
+    def half_round(self, dtype: str, text: str) -> str:
+        """The float (or double) `text` rounded to `dtype`, as a float."""
+        if dtype == "bfloat16":  # from a double through float, as ml_dtypes converts
+            return f"{self.use('ansor_round_bf16')}({text})"
+        return f"((float)(_Float16){text})"  # from a double directly, as numpy converts
+
+    def half_store(self, dtype: str, text: str) -> str:
+        """A float holding a `dtype` value (rounded already) as the element stored."""
+        if dtype == "bfloat16":
+            return f"{self.use('ansor_store_bf16')}({text})"
+        return f"((_Float16){text})"
 
     def math_function(self, name: str, dtype: str) -> str:
         """The dialect's name of a math function (`exp`, `log`, ...) for `dtype`."""
         return f"{name}f" if dtype == "float32" else name
 
     def call(self, e: E.Call) -> str:
+        if e.dtype in HALF_DTYPES:  # computed in float, rounded once
+            if e.func in ("abs", "floor", "ceil", "round"):  # exact: the result is of the type
+                return self._call(e, "float32")
+            return self.half_round(e.dtype, self._call(e, "float32"))
+        return self._call(e, e.dtype)
+
+    def _call(self, e: E.Call, dtype: str) -> str:
         args = [self.expr(a) for a in e.args]
-        f32 = e.dtype == "float32"
+        f32 = dtype == "float32"
         one = "1.0f" if f32 else "1.0"
         if e.func == "rsqrt":
-            return f"({one} / {self.math_function('sqrt', e.dtype)}({args[0]}))"
+            return f"({one} / {self.math_function('sqrt', dtype)}({args[0]}))"
         if e.func == "sigmoid":
-            return f"({one} / ({one} + {self.math_function('exp', e.dtype)}(-({args[0]}))))"
+            return f"({one} / ({one} + {self.math_function('exp', dtype)}(-({args[0]}))))"
         if e.func == "abs":
-            if E.is_int(e.dtype):
-                return f"({args[0]} < 0 ? -({args[0]}) : {args[0]})"
-            return f"{self.math_function('fabs', e.dtype)}({args[0]})"
+            if is_unsigned(dtype):
+                return args[0]
+            if E.is_int(dtype):
+                return self.narrow(dtype, f"({args[0]} < 0 ? -({args[0]}) : {args[0]})")
+            return f"{self.math_function('fabs', dtype)}({args[0]})"
         if e.func == "round":  # half to even: rint under the default rounding mode
-            return f"{self.math_function('rint', e.dtype)}({args[0]})"
-        return f"{self.math_function(e.func, e.dtype)}({', '.join(args)})"
+            return f"{self.math_function('rint', dtype)}({args[0]})"
+        return f"{self.math_function(e.func, dtype)}({', '.join(args)})"
 
     def literal(self, c: E.Const) -> str:
         if c.dtype == "bool":
@@ -234,10 +334,12 @@ class CLikePrinter:
             text = repr(float(v))
             if "e" not in text and "." not in text:
                 text += ".0"
-            text = f"{text}f" if c.dtype == "float32" else text
+            text = f"{text}f" if c.dtype != "float64" else text  # float16/bfloat16: a float
             return f"({text})" if v < 0 else text
         if c.dtype == "int64":
             return f"{c.value}LL" if c.value >= 0 else f"({c.value}LL)"
+        if c.dtype in ("uint32", "uint64"):
+            return f"{c.value}U" if c.dtype == "uint32" else f"{c.value}ULL"
         return str(c.value) if c.value >= 0 else f"({c.value})"
 
     def flat_index(self, buf: ir.Buffer, indices) -> str:
@@ -282,7 +384,10 @@ class CLikePrinter:
 
     def store(self, s: ir.Store, depth: int) -> None:
         name = self.names(s.buffer, s.buffer.name)
-        self.emit(f"{name}[{self.flat_index(s.buffer, s.indices)}] = {self.expr(s.value)};", depth)
+        value = self.expr(s.value)
+        if s.buffer.dtype in HALF_DTYPES:
+            value = self.half_store(s.buffer.dtype, value)
+        self.emit(f"{name}[{self.flat_index(s.buffer, s.indices)}] = {value};", depth)
 
     def loop_annotations(self, s: ir.For, in_parallel: bool) -> tuple[list[str], bool]:
         """Lines before the loop (pragmas) and whether its body runs inside a parallel region."""

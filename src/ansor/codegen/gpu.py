@@ -53,8 +53,12 @@ class Dialect:
     helper_qualifier: str
 
 
-_CUDA_TYPES = {"float32": "float", "float64": "double", "int32": "int", "int64": "long long", "bool": "bool"}
-_OPENCL_TYPES = {"float32": "float", "float64": "double", "int32": "int", "int64": "long", "bool": "uchar"}
+_CUDA_TYPES = {"float32": "float", "float64": "double", "int32": "int", "int64": "long long", "bool": "bool",
+               "int8": "signed char", "int16": "short", "uint8": "unsigned char", "uint16": "unsigned short",
+               "uint32": "unsigned int", "uint64": "unsigned long long"}
+_OPENCL_TYPES = {"float32": "float", "float64": "double", "int32": "int", "int64": "long", "bool": "uchar",
+                 "int8": "char", "int16": "short", "uint8": "uchar", "uint16": "ushort", "uint32": "uint",
+                 "uint64": "ulong"}
 
 CUDA = Dialect(
     language="cuda",
@@ -179,11 +183,20 @@ class GPUPrinter(CLikePrinter):
         self.names.names.pop(id(func), None)
         self.names.used.discard(self.fname)
         self.kernels = kernels_of(func)
+        for b in func.params:
+            if b.dtype not in self.TYPES:
+                self.half_load(b.dtype, b.name)  # refused by name
         self.fname = ""
         for k in self.kernels:
             self.names(k, k.name)
 
     # --- expressions --------------------------------------------------------------------------
+    def half_load(self, dtype: str, text: str) -> str:
+        raise TypeError(f"{self.dialect.language} kernels of {dtype} are not supported: compute in "
+                        f"float32 on this target (the CPU backend has {dtype})")
+
+    half_round = half_store = half_load
+
     def math_function(self, name: str, dtype: str) -> str:
         if dtype == "float32" and self.dialect.float_suffix_math:
             return f"{name}f"

@@ -10,6 +10,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import ml_dtypes
 import numpy as np
 
 if TYPE_CHECKING:
@@ -21,15 +22,26 @@ _FLOAT_TOLERANCES: dict[int, tuple[float, float]] = {
     4: (1e-4, 1e-5),  # float32
     8: (1e-9, 1e-12),  # float64
 }
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+#: bfloat16 keeps 8 significant bits: one rounding is 2^-9 relative, a few roundings apart
+#: (a product rounded, then a sum) stay within 2^-6
+_BFLOAT16_TOLERANCES = (1.6e-2, 4e-3)
+
+
+def is_float_dtype(dtype: np.dtype) -> bool:
+    """Whether values of `dtype` are compared within a tolerance: floats, complex, bfloat16
+    (whose numpy kind is 'V', an ml_dtypes extension type)."""
+    return dtype.kind in "fc" or dtype == BFLOAT16
 
 
 def default_tolerances(expected: np.ndarray) -> tuple[float, float]:
     """(rtol, atol) for comparing against `expected`; atol scales with the largest finite value."""
     dtype = expected.dtype
-    if dtype.kind not in "fc":
+    if not is_float_dtype(dtype):
         return 0.0, 0.0
     component_size = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
-    rtol, atol_unit = _FLOAT_TOLERANCES.get(component_size, _FLOAT_TOLERANCES[8])
+    rtol, atol_unit = (_BFLOAT16_TOLERANCES if dtype == BFLOAT16
+                       else _FLOAT_TOLERANCES.get(component_size, _FLOAT_TOLERANCES[8]))
     finite = np.abs(expected[np.isfinite(expected)])
     scale = max(1.0, float(finite.max())) if finite.size else 1.0
     return rtol, atol_unit * scale
@@ -41,10 +53,14 @@ def reduction_rtol(dtype: np.dtype | str, length: int) -> float:
     one after another (one GPU thread per output, say) is off by ~2e-4 relative while its
     arithmetic is right; a wrong index or a lost tile is off by far more."""
     dtype = np.dtype(dtype)
-    if dtype.kind != "f":
+    if dtype == BFLOAT16 or dtype == np.float16:  # sums of them accumulate in float32, rounded once
+        default = _BFLOAT16_TOLERANCES[0] if dtype == BFLOAT16 else _FLOAT_TOLERANCES[2][0]
+        eps = float(np.finfo(np.float32).eps)
+    elif dtype.kind == "f":
+        default, eps = _FLOAT_TOLERANCES.get(dtype.itemsize, _FLOAT_TOLERANCES[8])[0], float(np.finfo(dtype).eps)
+    else:
         return 0.0
-    default = _FLOAT_TOLERANCES.get(dtype.itemsize, _FLOAT_TOLERANCES[8])[0]
-    return max(default, 8.0 * float(np.finfo(dtype).eps) * math.sqrt(max(1, length)))
+    return max(default, 8.0 * eps * math.sqrt(max(1, length)))
 
 
 def task_rtol(task: Task) -> float:
@@ -56,7 +72,7 @@ def task_rtol(task: Task) -> float:
 
 def unwritten_like(expected: np.ndarray) -> np.ndarray:
     """A buffer unequal to `expected` everywhere: a kernel that writes nothing fails the check."""
-    if expected.dtype.kind in "fc":
+    if is_float_dtype(expected.dtype):
         return np.full(expected.shape, np.nan, dtype=expected.dtype)
     if expected.dtype.kind in "biu":
         return np.ascontiguousarray(~expected)
@@ -121,7 +137,7 @@ def _check_one(
         return f"shape {out.shape} differs from expected {exp.shape}"
     if out.dtype != exp.dtype:
         return f"dtype {out.dtype} differs from expected {exp.dtype}"
-    if exp.dtype.kind in "fc":
+    if is_float_dtype(exp.dtype):
         default_rtol, default_atol = default_tolerances(exp)
         rtol = default_rtol if rtol is None else rtol
         atol = default_atol if atol is None else atol

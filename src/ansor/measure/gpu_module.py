@@ -33,6 +33,7 @@ DTYPES: dict[str, np.dtype] = {
     "int32": np.dtype(np.int32),
     "int64": np.dtype(np.int64),
     "bool": np.dtype(np.bool_),
+    **{name: np.dtype(name) for name in ("int8", "int16", "uint8", "uint16", "uint32", "uint64")},
 }
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 

@@ -11,6 +11,7 @@ import math
 from typing import Optional
 
 from ansor.te import expr as E
+from ansor.te.dtypes import convert_scalar
 
 Ranges = dict  # id(Var) -> (lo, hi) inclusive integer bounds
 
@@ -60,7 +61,7 @@ def const_bounds(expr: E.Expr, ranges: Ranges) -> tuple[float, float]:
 
 
 _UNBOUNDED = (-INF, INF)
-_INT = frozenset(E.INT_DTYPES)
+_INT = frozenset(E.INDEX_DTYPES)  # narrow and unsigned integers wrap: opaque here
 
 
 def _mul(x: float, y: float) -> float:
@@ -127,9 +128,9 @@ def _key_text(expr: E.Expr) -> str:
 
 
 def to_linear(expr: E.Expr) -> Linear:
-    if isinstance(expr, E.Const) and E.is_int(expr.dtype):
+    if isinstance(expr, E.Const) and E.is_index(expr.dtype):
         return Linear({}, expr.value)
-    if isinstance(expr, E.BinOp) and E.is_int(expr.dtype):
+    if isinstance(expr, E.BinOp) and E.is_index(expr.dtype):
         if expr.op == "+":
             return to_linear(expr.a).add(to_linear(expr.b))
         if expr.op == "-":
@@ -377,7 +378,7 @@ def _simplify_node(node: E.Expr, ranges: Ranges, simp) -> E.Expr | None:
         a, b = node.a, node.b
         if isinstance(a, E.Const) and isinstance(b, E.Const):
             return _fold_binop(node.op, a, b, node.dtype)
-        if E.is_int(node.dtype):
+        if E.is_index(node.dtype):
             return _simplify_int_binop(node, ranges, simp)
         if node.op == "*" and _is_const(b, 1):
             return a
@@ -389,7 +390,7 @@ def _simplify_node(node: E.Expr, ranges: Ranges, simp) -> E.Expr | None:
             return b
         return None
     if isinstance(node, E.Compare):
-        if E.is_int(node.a.dtype):
+        if E.is_index(node.a.dtype):
             diff = simp(E.BinOp("-", node.a, node.b, node.a.dtype))
             lo, hi = const_bounds(diff, ranges)
             decided = _decide(node.op, lo, hi)
@@ -418,7 +419,7 @@ def _simplify_node(node: E.Expr, ranges: Ranges, simp) -> E.Expr | None:
     if isinstance(node, E.Select) and isinstance(node.cond, E.Const):
         return node.a if node.cond.value else node.b
     if isinstance(node, E.Cast) and isinstance(node.value, E.Const):
-        return E.Const(node.value.value, node.dtype)
+        return E.Const(convert_scalar(node.value.value, node.dtype), node.dtype)
     return None
 
 
@@ -465,7 +466,7 @@ def _fold_binop(op: str, a: E.Const, b: E.Const, dtype: str) -> E.Expr:
         "+": lambda: x + y, "-": lambda: x - y, "*": lambda: x * y, "/": lambda: x / y,
         "//": lambda: x // y, "%": lambda: x % y, "min": lambda: min(x, y), "max": lambda: max(x, y),
     }[op]()
-    return E.Const(value, dtype)
+    return E.Const(value, dtype)  # a narrow integer wraps, a float16 rounds, as the kernel computes
 
 
 def _simplify_int_binop(node: E.BinOp, ranges: Ranges, simp) -> E.Expr | None:
@@ -547,7 +548,7 @@ def _sym(expr: E.Expr, inner: Ranges):
     if isinstance(expr, E.Var):
         lo, hi = inner[id(expr)]
         return E.Const(lo, expr.dtype), E.Const(hi, expr.dtype)
-    if isinstance(expr, E.BinOp) and E.is_int(expr.dtype):
+    if isinstance(expr, E.BinOp) and E.is_index(expr.dtype):
         a, b = _sym(expr.a, inner), _sym(expr.b, inner)
         if a is None or b is None:
             return None

@@ -24,6 +24,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ansor.te import expr as E
+from ansor.te.dtypes import HALF_DTYPES, cast_array, is_unsigned
 from ansor.te.arith import to_linear
 from ansor.te.tensor import ComputeOp, Operation, PlaceholderOp, Tensor
 
@@ -287,8 +288,8 @@ def _combine(combiner: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def _accumulator_dtype(dtype: str) -> np.dtype:
     if E.is_float(dtype):
         return np.dtype(np.float64)
-    if E.is_int(dtype):
-        return np.dtype(np.int64)
+    if E.is_int(dtype):  # modulo 2**64, then wrapped to the dtype: what a wrapping sum gives
+        return np.dtype(np.uint64 if is_unsigned(dtype) else np.int64)
     return np.dtype(dtype)
 
 
@@ -467,8 +468,8 @@ class _Block:
             a = self.ev(node.a, then_mask)
             b = self.ev(node.b, else_mask)
             return np.where(cond, a, b).astype(np.dtype(node.dtype), copy=False)
-        if isinstance(node, E.Cast):
-            return self.ev(node.value, mask).astype(np.dtype(node.dtype))
+        if isinstance(node, E.Cast):  # saturating float to int, as every kernel converts
+            return cast_array(self.ev(node.value, mask), node.dtype)
         if isinstance(node, E.Call):
             return self._call(node, mask)
         if isinstance(node, E.Reduce):
@@ -488,6 +489,8 @@ class _Block:
                     raise ZeroDivisionError(f"evaluate: stage {self.stage.op.name!r} divides by "
                                             f"zero in {node!r}")
                 b = np.where(zero, np.ones_like(b), b)
+            if E.is_int(node.dtype) and dtype.itemsize < 8:  # -128 // -1 wraps to -128, as in C
+                a, b = a.astype(np.int64), b.astype(np.int64)
             out = np.floor_divide(a, b) if op == "//" else np.mod(a, b)
         elif op == "+":
             out = a + b
@@ -507,6 +510,8 @@ class _Block:
 
     def _call(self, node: E.Call, mask: np.ndarray | None) -> np.ndarray:
         args = [self.ev(a, mask) for a in node.args]
+        if node.dtype in HALF_DTYPES:  # computed in float32, rounded once, as the kernels do
+            args = [a.astype(np.float32) for a in args]
         x = args[0]
         f = node.func
         dtype = np.dtype(node.dtype)

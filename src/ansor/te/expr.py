@@ -12,10 +12,8 @@ from typing import Callable, Iterable, Sequence, Union
 
 import numpy as np
 
-FLOAT_DTYPES = ("float32", "float64")
-INT_DTYPES = ("int32", "int64")
-DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
-DTYPE_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
+from ansor.te.dtypes import (DTYPE_BYTES, DTYPES, FLOAT_DTYPES, HALF_DTYPES, INDEX_DTYPES,  # noqa: F401
+                             INT_DTYPES, convert_scalar, int_range, promote)
 
 ExprLike = Union["Expr", int, float, bool]
 
@@ -34,13 +32,28 @@ def check_dtype(dtype: str) -> str:
 
 
 def is_float(dtype: str) -> bool:
-    """Whether `dtype` is float32 or float64."""
+    """Whether `dtype` is a floating-point type (float16, bfloat16, float32, float64)."""
     return dtype in FLOAT_DTYPES
 
 
 def is_int(dtype: str) -> bool:
-    """Whether `dtype` is int32 or int64 (bool is neither float nor int)."""
+    """Whether `dtype` is an integer type, signed or unsigned (bool is neither float nor int)."""
     return dtype in INT_DTYPES
+
+
+def is_index(dtype: str) -> bool:
+    """Whether `dtype` is int32 or int64: the integers of indices, which the simplifier treats
+    as unbounded (narrower and unsigned integers are data whose arithmetic wraps)."""
+    return dtype in INDEX_DTYPES
+
+
+def check_fits(value: int, dtype: str) -> int:
+    """`value` when the integer type holds it; ValueError otherwise (a constant never wraps
+    silently where a user wrote it)."""
+    lo, hi = int_range(dtype)
+    if not lo <= value <= hi:
+        raise ValueError(f"constant {value} does not fit {dtype} [{lo}, {hi}]; use te.cast to convert")
+    return value
 
 
 class Expr:
@@ -145,7 +158,9 @@ class Expr:
 
 
 class Const(Expr):
-    """A constant, its Python value already converted to its dtype (int, float or bool)."""
+    """A constant, its Python value already converted to its dtype (int, float or bool) as
+    `cast` converts: a float16 or bfloat16 value is rounded to the type, a narrow integer
+    wraps (folded arithmetic), a float given for an integer truncates."""
 
     __slots__ = ("value",)
 
@@ -153,13 +168,15 @@ class Const(Expr):
         if dtype == "int32" and type(value) is int:  # the common case: loop and index arithmetic
             self.dtype, self.value = dtype, value
             return
-        self.dtype = check_dtype(dtype)
-        if is_int(dtype):
+        self.dtype = dtype = check_dtype(dtype)
+        if dtype in INDEX_DTYPES:
             value = int(value)
-        elif is_float(dtype):
+        elif dtype in ("float32", "float64"):
             value = float(value)
-        else:
+        elif dtype == "bool":
             value = bool(value)
+        else:
+            value = convert_scalar(value, dtype)
         self.value = value
 
 
@@ -291,7 +308,11 @@ class Reduce(Expr):
 def const(value: int | float | bool, dtype: str = "float32") -> Const:
     """The constant `value` as `dtype` (float32 unless given), converted by int(), float() or
     bool(). A bare Python number in an expression needs no `const`: it takes the dtype of the
-    expression it meets; `const` fixes a dtype where nothing else would (a lone constant body)."""
+    expression it meets; `const` fixes a dtype where nothing else would (a lone constant body).
+    An integer outside the range of an integer dtype raises ValueError."""
+    dtype = check_dtype(dtype)
+    if is_int(dtype) and isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        check_fits(int(value), dtype)
     return Const(value, dtype)
 
 
@@ -303,6 +324,8 @@ def as_expr(value: ExprLike, like: str | None = None) -> Expr:
         return Const(bool(value), "bool")
     if isinstance(value, (int, np.integer)):
         if like is not None and like != "bool":
+            if is_int(like):
+                check_fits(int(value), like)
             return Const(int(value), like)
         return Const(int(value), "int32" if -(2**31) <= value < 2**31 else "int64")
     if isinstance(value, (float, np.floating)):
@@ -331,8 +354,9 @@ def _unify(a: ExprLike, b: ExprLike) -> tuple[Expr, Expr, str]:
         b = as_expr(b, a.dtype)
     if a.dtype == b.dtype:
         return a, b, a.dtype
-    if is_int(a.dtype) and is_int(b.dtype):  # widen the narrower integer
-        return cast(a, "int64"), cast(b, "int64"), "int64"
+    dtype = promote(a.dtype, b.dtype)  # integers of one signedness widen to the wider
+    if dtype is not None:
+        return cast(a, dtype), cast(b, dtype), dtype
     raise TypeError(
         f"operands have different dtypes ({a.dtype} and {b.dtype}); use te.cast to convert one"
     )
@@ -396,9 +420,11 @@ def if_then_else(cond: ExprLike, then_value: ExprLike, else_value: ExprLike) -> 
 
 
 def cast(value: ExprLike, dtype: str) -> Expr:
-    """`value` converted to `dtype` (float to int truncates toward zero, as C and numpy do):
-    the way to mix dtypes, which operators do not do implicitly (they only widen int32 to
-    int64). Returns `value` itself when it has the dtype already."""
+    """`value` converted to `dtype`: the way to mix dtypes, which operators do not do
+    implicitly (they only widen an integer to a wider one of the same signedness). Floats
+    round to nearest even; integers wrap; float to integer truncates toward zero and
+    saturates at the type's range (NaN gives 0); see `ansor.te.dtypes`. Returns `value`
+    itself when it has the dtype already."""
     e = as_expr(value)
     dtype = check_dtype(dtype)
     return e if e.dtype == dtype else Cast(dtype, e)
@@ -545,7 +571,8 @@ def round(x: ExprLike) -> Expr:  # noqa: A001 - mirrors the math name users expe
 MATH_FUNCS = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "pow") + ELEMENTARY_FUNCS
 
 
-def _reduce(combiner: str, source: ExprLike, axis, where: ExprLike | None) -> Reduce:
+def _reduce(combiner: str, source: ExprLike, axis, where: ExprLike | None,
+            dtype: str | None = None) -> Reduce:
     """A reduction node; checks what `sum`, `max` and `min` promise."""
     axes = list(axis) if isinstance(axis, (list, tuple)) else [axis]
     if not axes:
@@ -556,29 +583,55 @@ def _reduce(combiner: str, source: ExprLike, axis, where: ExprLike | None) -> Re
     source = as_expr(source)
     if source.dtype == "bool":
         raise TypeError(f"te.{combiner} of a bool expression; cast it first")
+    if dtype is not None:
+        source = in_dtype(source, check_dtype(dtype))
+    if combiner == "sum" and source.dtype in HALF_DTYPES:
+        raise TypeError(f"te.sum in {source.dtype} would round the running sum at every step; "
+                        f"accumulate in float32: te.sum(..., dtype=\"float32\")")
     return Reduce(combiner, source, axes, None if where is None else as_bool(where))
 
 
-def sum(source: ExprLike, axis, where: ExprLike | None = None) -> Reduce:  # noqa: A001
+def in_dtype(value: Expr, dtype: str) -> Expr:
+    """`value` computed in `dtype`: its + - * (and min/max) with each operand taken to `dtype`,
+    down to the first other node, which is cast. A product of int8 values becomes the product
+    of their int32 casts (no wrap), bfloat16 products exact float32 products: what a widening
+    multiply-accumulate instruction computes."""
+    if value.dtype == dtype:
+        return value
+    if is_float(value.dtype) != is_float(dtype) or value.dtype == "bool":
+        return cast(value, dtype)  # a float sum counted in integers (or back): convert the value
+    if isinstance(value, BinOp) and value.op in ("+", "-", "*", "min", "max"):
+        return BinOp(value.op, in_dtype(value.a, dtype), in_dtype(value.b, dtype), dtype)
+    if isinstance(value, Const) and value.dtype != "bool":
+        return Const(value.value, dtype)
+    return cast(value, dtype)
+
+
+def sum(source: ExprLike, axis, where: ExprLike | None = None, dtype: str | None = None) -> Reduce:  # noqa: A001
     """The sum of `source` over every point of `axis` (one `te.reduce_axis` or a list of them)
     where the bool `where` holds (all points without it); 0 when no point does.
 
-    The result has source's dtype (an int32 sum is not widened); bool is refused.
+    The result has source's dtype (an int32 sum is not widened), or `dtype` when given: the
+    accumulation type, in which the source's + - * are computed (`in_dtype`), so
+    `te.sum(A[i, k] * B[k, j], axis=k, dtype="int32")` of int8 tensors sums exact int32
+    products, and bfloat16 products are summed in float32. A sum never accumulates in float16
+    or bfloat16 (a running sum rounded to 8 or 11 bits loses the small terms): give
+    `dtype="float32"`; bool is refused.
     As in TVM, a reduction is the whole body of its `te.compute`: what is applied to the result
-    (a bias, an activation) is a following compute."""
-    return _reduce("sum", source, axis, where)
+    (a bias, an activation, a cast back to a narrow type) is a following compute."""
+    return _reduce("sum", source, axis, where, dtype)
 
 
-def max(source: ExprLike, axis, where: ExprLike | None = None) -> Reduce:  # noqa: A001
+def max(source: ExprLike, axis, where: ExprLike | None = None, dtype: str | None = None) -> Reduce:  # noqa: A001
     """The largest `source` over the points of `axis` where `where` holds; -inf (the dtype's
     smallest integer) when no point does. Otherwise as `sum`; for two values see `maximum`."""
-    return _reduce("max", source, axis, where)
+    return _reduce("max", source, axis, where, dtype)
 
 
-def min(source: ExprLike, axis, where: ExprLike | None = None) -> Reduce:  # noqa: A001
+def min(source: ExprLike, axis, where: ExprLike | None = None, dtype: str | None = None) -> Reduce:  # noqa: A001
     """The smallest `source` over the points of `axis` where `where` holds; inf (the dtype's
-    largest integer) when no point does. Otherwise as `sum`; for two values see `minimum`."""
-    return _reduce("min", source, axis, where)
+    largest integer) when no point does. Otherwise as `sum`; for two values see `maximum`."""
+    return _reduce("min", source, axis, where, dtype)
 
 
 def reduce_identity(combiner: str, dtype: str) -> Const:
