@@ -1276,3 +1276,4 @@ def _one_hot(imp: _OnnxImporter, node: Any) -> None:
 from ansor.graph import onnx_control_flow  # noqa: E402,F401
 from ansor.graph import onnx_shape_constants  # noqa: E402,F401
 from ansor.graph import onnx_sampling  # noqa: E402,F401
+from ansor.graph import onnx_padding_forms  # noqa: E402,F401
