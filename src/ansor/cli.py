@@ -26,7 +26,8 @@ examples:
 """
 
 
-DATABASE_HELP = "records database (default: $ANSOR_DB, else ansor.db in the user cache directory)"
+DATABASE_HELP = ("records database: a file (SQLite) or a postgresql:// URL (default: $ANSOR_DB, else ansor.db "
+                 "in the user cache directory)")
 
 
 def _shape(text: str) -> tuple[int, ...]:

@@ -498,7 +498,7 @@ def compare_model(path: str, database: Any = None, rounds: int = 7, skip: Collec
     """
     import ansor
     from ansor.records import RecordStore
-    from ansor.store import default_database_path, open_store
+    from ansor.store import default_database_path, is_database_url, open_store
 
     _check_skip(skip)
     graph = load_model(path)
@@ -507,7 +507,7 @@ def compare_model(path: str, database: Any = None, rounds: int = 7, skip: Collec
         compiled = ansor.build(graph, database=database, verbose=False, winograd=winograd)
     else:
         db_path = str(database) if database is not None else str(default_database_path())
-        if os.path.exists(db_path):
+        if is_database_url(db_path) or os.path.exists(db_path):
             store, _ = open_store(db_path, create=False)
         else:
             store, _ = open_store(":memory:")

@@ -15,16 +15,8 @@ so its records can be replayed by a process that never saw the declaration
 (``ansor.replay.workload_dag``). Descriptions written by older versions lack it;
 those of named workloads are rebuilt from their ``"spec"``.
 
-JSONL interchange (`SQLiteStore.export_jsonl` / `SQLiteStore.import_jsonl`)
-writes one JSON object per line, in this order:
-
-* ``{"workload": {"key": ..., "description": {...}, "flop": ..., "created": ...}}``
-  for each workload the exported records refer to,
-* ``{"target": {"key": ..., "description": {...}}}`` for each target,
-* one `Record.to_json` object per record, in insertion order.
-
-Importing skips blank lines and lines starting with ``#``, so such a file can
-be annotated by hand.
+JSONL interchange (`SQLiteStore.export_jsonl` / `SQLiteStore.import_jsonl`) is the format of
+`ansor.store.jsonl`, the same for every store.
 """
 
 from __future__ import annotations
@@ -42,7 +34,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ansor.records import DatabaseError, Record, canonical_json, is_number, median, pool_runs
+from ansor.records import DatabaseError, Record, canonical_json, median, pool_runs
+from ansor.store.jsonl import loads_object, parse_jsonl, target_line, workload_line
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SQLiteStore", "default_database_path"]
 
@@ -103,16 +96,17 @@ _RECORD_COLUMNS_V1 = _RECORD_COLUMNS.replace(", node", ", '' AS node")
 
 
 
-def default_database_path() -> Path:
+def default_database_path() -> Path | str:
     """Where records live when no path is given.
 
-    ``$ANSOR_DB`` if set, else ``$XDG_CACHE_HOME/ansor/ansor.db``, else
+    ``$ANSOR_DB`` if set (a path, or a database URL such as ``postgresql://...``, returned as
+    the string it is), else ``$XDG_CACHE_HOME/ansor/ansor.db``, else
     ``~/.cache/ansor/ansor.db``: a cache location, since records can always
     be re-measured, yet shared by every run of the same user.
     """
     explicit = os.environ.get("ANSOR_DB")
     if explicit:
-        return Path(explicit).expanduser()
+        return explicit if "://" in explicit else Path(explicit).expanduser()
     cache = os.environ.get("XDG_CACHE_HOME")
     base = Path(cache).expanduser() if cache else Path.home() / ".cache"
     return base / "ansor" / "ansor.db"
@@ -131,6 +125,8 @@ class SQLiteStore:
         opens an existing ansor database read-only: nothing is created, and nothing is
         written, not even the schema, so commands that only look never leave a file behind."""
         self.path: Path | str = default_database_path() if path is None else path
+        if "://" in str(self.path):
+            raise DatabaseError("a database URL is no SQLite file: open it with ansor.store.open_store")
         self._memory = str(self.path) == ":memory:"
         if not self._memory:
             self.path = Path(self.path)
@@ -566,7 +562,7 @@ class SQLiteStore:
     ) -> int:
         """Write matching records (preceded by their workloads and targets) as JSONL.
 
-        See the module docstring of `ansor.store` for the line format. Returns the number of
+        See `ansor.store.jsonl` for the line format. Returns the number of
         records written.
         """
         where, params = self._where(workload_key, target_key)
@@ -578,14 +574,13 @@ class SQLiteStore:
                 f" WHERE key IN (SELECT DISTINCT workload_key FROM records{where}) ORDER BY key",
                 params,
             ):
-                entry = {"key": key, "description": json.loads(desc), "flop": flop, "created": created}
-                fh.write(canonical_json({"workload": entry}) + "\n")
+                fh.write(workload_line(key, desc, flop, created) + "\n")
             for key, desc in conn.execute(
                 "SELECT key, description FROM targets"
                 f" WHERE key IN (SELECT DISTINCT target_key FROM records{where}) ORDER BY key",
                 params,
             ):
-                fh.write(canonical_json({"target": {"key": key, "description": json.loads(desc)}}) + "\n")
+                fh.write(target_line(key, desc) + "\n")
             for row in conn.execute(f"SELECT {self._columns} FROM records{where} ORDER BY id", params):
                 fh.write(self._record_from_row(row).to_json() + "\n")
                 n += 1
@@ -600,7 +595,7 @@ class SQLiteStore:
         so a malformed line (reported with its line number) imports nothing.
         Returns the number of records inserted.
         """
-        workloads, targets, records = _parse_jsonl(path)
+        workloads, targets, records = parse_jsonl(path)
         inserted = 0
         with self._cursor("import_jsonl", write=True) as conn:
             _upsert_workloads(conn, workloads)
@@ -652,69 +647,5 @@ def _upsert_workloads(conn: sqlite3.Connection, rows: Iterable[tuple]) -> None:
         if found is None:
             conn.execute("INSERT INTO workloads (key, description, flop, created) VALUES (?, ?, ?, ?)",
                          (key, desc, flop, created))
-        elif "computation" in json.loads(desc) and "computation" not in _loads_object(found[0]):
+        elif "computation" in json.loads(desc) and "computation" not in loads_object(found[0]):
             conn.execute("UPDATE workloads SET description = ? WHERE key = ?", (desc, key))
-
-
-def _loads_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def _parse_jsonl(path: str | os.PathLike[str]) -> tuple[list[tuple], list[tuple], list[Record]]:
-    """Parse a whole JSONL file into workload rows, target rows and records.
-
-    Lines are decoded one at a time so that bad bytes, bad JSON and bad
-    fields are all reported with their line number.
-    """
-    workloads: list[tuple] = []
-    targets: list[tuple] = []
-    records: list[Record] = []
-    with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            try:
-                try:
-                    line = raw.decode("utf-8").strip()
-                except UnicodeDecodeError as exc:
-                    raise DatabaseError(f"not UTF-8 text: {exc}") from None
-                if not line or line.startswith("#"):
-                    continue
-                try:
-                    obj = json.loads(line)
-                except ValueError as exc:
-                    raise DatabaseError(f"invalid JSON: {exc}") from None
-                if isinstance(obj, dict) and len(obj) == 1 and "workload" in obj:
-                    workloads.append(_workload_row(obj["workload"]))
-                elif isinstance(obj, dict) and len(obj) == 1 and "target" in obj:
-                    targets.append(_target_row(obj["target"]))
-                else:
-                    try:
-                        records.append(Record.from_dict(obj))
-                    except (TypeError, ValueError) as exc:
-                        raise DatabaseError(str(exc)) from None
-            except DatabaseError as exc:
-                raise DatabaseError(f"{path}: line {lineno}: {exc}") from None
-    return workloads, targets, records
-
-
-def _workload_row(entry: Any) -> tuple:
-    if not isinstance(entry, dict) or not isinstance(entry.get("key"), str):
-        raise DatabaseError("workload entry must be an object with a string 'key'")
-    if not isinstance(entry.get("description"), dict):
-        raise DatabaseError("workload entry must have an object 'description'")
-    flop = entry.get("flop", 0.0)
-    created = entry.get("created", time.time())
-    if not is_number(flop) or not is_number(created):
-        raise DatabaseError("workload 'flop' and 'created' must be numbers")
-    return (entry["key"], canonical_json(entry["description"]), float(flop), float(created))
-
-
-def _target_row(entry: Any) -> tuple:
-    if not isinstance(entry, dict) or not isinstance(entry.get("key"), str):
-        raise DatabaseError("target entry must be an object with a string 'key'")
-    if not isinstance(entry.get("description"), dict):
-        raise DatabaseError("target entry must have an object 'description'")
-    return (entry["key"], canonical_json(entry["description"]))

@@ -27,8 +27,9 @@ TRANSFER_CANDIDATES = 8        # best programs of another target measured first 
 
 
 def model_path(db: RecordStore, target_key: str) -> Path | None:
-    """Where the cost model of a database's target lives: beside the database file."""
-    if str(db.path) == ":memory:":
+    """Where the cost model of a database's target lives: beside the database file (none for a
+    database in memory or on a server)."""
+    if str(db.path) == ":memory:" or "://" in str(db.path):
         return None
     p = Path(db.path)
     return p.with_name(f"{p.stem}.{target_key}.costmodel.json")
