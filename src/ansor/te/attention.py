@@ -102,7 +102,9 @@ def attention_parts(output: Tensor) -> AttentionParts:
     p, v = _reads(op)
     exp = _reads(p.op)[0]          # softmax_norm reads exp, then sum
     masked = _reads(exp.op)[0]     # softmax_exp reads the masked scores, then their max
-    scores, *extra = _reads(masked.op)
+    reads = _reads(masked.op)  # the scores (the one reduction) and the mask or lengths, in any order
+    scores = next(t for t in reads if isinstance(t.op, ComputeOp) and t.op.reduce_axes)
+    extra = [t for t in reads if t is not scores]
     q, k = _reads(scores.op)
     mask = extra[0] if op.attrs["mask"] == "additive" else None
     lengths = extra[0] if op.attrs["mask"] == "lengths" else None
