@@ -24,6 +24,7 @@ from ansor.search.policy import SearchPolicy
 from ansor.store import open_store
 from ansor.task import Task
 from ansor.tuning.callbacks import RecordToDatabase, TuningCallback
+from ansor.tuning.cluster import ClusterSession
 from ansor.tuning.measurer import ProgramMeasurer
 from ansor.tuning.options import POLICIES, TuneOptions
 from ansor.tuning.scheduler import TaskScheduler, make_scheduler
@@ -111,14 +112,20 @@ def tune(tasks: Task | Sequence[Task], options: TuneOptions | None = None,
         for t in task_list:
             t.target = opts.target
     sources = source_target_keys(opts.transfer_from, task_list)
-    if opts.trials > 0:
+    if opts.trials > 0 and opts.cluster is None:
         check_compiler()  # a missing compiler is one clear error, not a batch of failed builds
     start = time.time()
     deadline = start + opts.time_budget if opts.time_budget is not None else None
     db, owned = open_store(database)
     tuners: list[TaskTuner] = []
+    cluster: ClusterSession | None = None
     try:
-        tuners = _make_tuners(task_list, db, opts, callbacks, sources)
+        if opts.cluster is not None and opts.trials > 0:
+            # the nodes build and time; a target no node offers fails here, before any search
+            cluster = ClusterSession(opts.cluster, opts.timeout, opts.timing)
+            for target in {t.target.key: t.target for t in task_list}.values():
+                cluster.pool(target)
+        tuners = _make_tuners(task_list, db, opts, callbacks, sources, cluster)
         if opts.first_programs:
             tuners[0].add_candidates(opts.first_programs)
         _run(tuners, make_scheduler(opts.scheduler, opts.seed), opts.trials, opts.measures_per_round, deadline)
@@ -129,15 +136,20 @@ def tune(tasks: Task | Sequence[Task], options: TuneOptions | None = None,
         exc.results = [t.result for t in tuners]  # what was measured before the signal
         raise
     finally:
-        _finish(tuners, db, start)
-        if owned:
-            db.close()
+        try:
+            _finish(tuners, db, start)
+        finally:
+            if cluster is not None:
+                cluster.close()
+            if owned:
+                db.close()
     results = [t.result for t in tuners]
     return results[0] if single else results
 
 
 def _make_tuners(tasks: Sequence[Task], db: RecordStore, opts: TuneOptions,
-                 callbacks: Sequence[TuningCallback], from_targets: Sequence[str]) -> list[TaskTuner]:
+                 callbacks: Sequence[TuningCallback], from_targets: Sequence[str],
+                 cluster: ClusterSession | None = None) -> list[TaskTuner]:
     models: dict[str, CostModel] = {}
     if opts.policy == "sketch.xgb":
         for target_key in dict.fromkeys(t.target.key for t in tasks):
@@ -150,8 +162,9 @@ def _make_tuners(tasks: Sequence[Task], db: RecordStore, opts: TuneOptions,
         for i, task in enumerate(tasks):
             task_policy = make_policy(opts.policy, task, opts.seed, models.get(task.target.key), opts.search_params)
             prior = db.best(task.workload_key, task.target.key)
-            measurer = ProgramMeasurer(task, timeout=opts.timeout, timing=opts.timing, seed=0,
-                                       best_cost=prior[0].median_cost if prior else math.inf)
+            best = prior[0].median_cost if prior else math.inf
+            measurer = (cluster.measurer(task, best) if cluster is not None else
+                        ProgramMeasurer(task, timeout=opts.timeout, timing=opts.timing, seed=0, best_cost=best))
             tuner = TaskTuner(task, task_policy, measurer, shared,
                               weight=opts.task_weights[i] if opts.task_weights is not None else 1.0,
                               measured_keys=db.measured_state_keys(task.workload_key, task.target.key))

@@ -15,6 +15,7 @@ from ansor.schedule.state import State
 from ansor.search.params import SearchParams
 from ansor.search.policy import SearchPolicy
 from ansor.target import Target
+from ansor.tuning.cluster import check_address
 from ansor.tuning.scheduler import TaskScheduler
 
 __all__ = ["POLICIES", "TuneOptions"]
@@ -59,6 +60,9 @@ class TuneOptions:
             programs, so that what the job finds is never slower than building untuned.
         search_params: The evolutionary search's parameters (`SearchParams`) for the
             "sketch.xgb" and "sketch.random" policies; None for the defaults.
+        cluster: Where programs are built and timed: None on this machine; a Ray cluster's
+            address ("auto", "ray://HOST:PORT" or "HOST:PORT") to measure on its nodes (the
+            search stays here; needs `pip install 'ansor[cluster]'`).
     """
 
     trials: int = 200
@@ -78,6 +82,7 @@ class TuneOptions:
     first_programs: Sequence[State] = field(default_factory=tuple)
     default_first: bool = False
     search_params: SearchParams | None = None
+    cluster: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 0:
@@ -90,6 +95,8 @@ class TuneOptions:
             raise ValueError(f"tune: measures_per_round must be >= 1, got {self.measures_per_round}")
         if self.confirm_best < 0 or self.transfer_programs < 0:
             raise ValueError("tune: confirm_best and transfer_programs must be >= 0")
+        if self.cluster is not None:
+            check_address(self.cluster)
         if isinstance(self.policy, str) and self.policy not in POLICIES:
             raise ValueError(f"unknown search policy {self.policy!r}; available: {', '.join(POLICIES)}")
 
