@@ -26,8 +26,10 @@ _HANDLERS: dict[str, Handler] = {}
 #: name, so that no attribute is ever silently ignored
 _ATTRIBUTES: dict[str, frozenset[str]] = {}
 
-#: element types the compiled kernels compute in; any other is refused at import
-SUPPORTED_DTYPES = ("float32", "float64", "int32", "int64", "bool")
+#: element types the compiled kernels compute in (te's); any other (float8, int4, float4, ...)
+#: is refused at import
+SUPPORTED_DTYPES = ("float32", "float64", "int32", "int64", "bool",
+                    "float16", "bfloat16", "int8", "int16", "uint8", "uint16", "uint32", "uint64")
 
 
 #: operators mapped by their handler even when every input is known: their subgraphs read
@@ -1277,3 +1279,5 @@ from ansor.graph import onnx_control_flow  # noqa: E402,F401
 from ansor.graph import onnx_shape_constants  # noqa: E402,F401
 from ansor.graph import onnx_sampling  # noqa: E402,F401
 from ansor.graph import onnx_padding_forms  # noqa: E402,F401
+from ansor.graph import onnx_recurrent  # noqa: E402,F401
+from ansor.graph import onnx_types  # noqa: E402,F401
