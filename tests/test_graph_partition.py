@@ -286,16 +286,17 @@ def test_bert_layer_partition(bert_layer):
     # attention output and feed-forward: a linear with the residual add fused in (the first one
     # also takes in the heads' merge, permute + reshape, as its producer)
     assert ops.count(["linear", "add"]) == 1 and ["permute", "reshape", "linear", "add"] in ops
-    # attention in its pieces: the heads' split (reshape + permute) of query and key join the
-    # scores' matmul, whose epilogue scales and masks them; the softmax alone; the values'
-    # split joins the weighted sum
-    assert ["reshape", "permute", "reshape", "permute", "permute", "matmul", "mul", "where"] in ops
-    assert ["softmax"] in ops and ["reshape", "permute", "matmul"] in ops
+    # attention fused into one task (graph.rewrites): the Q, K, V projections merged into one
+    # linear, whose slices and heads' splits join the attention task; no softmax of its own
+    attention = [o for o in ops if o[-1] == "attention"]
+    assert len(attention) == 1 and attention[0].count("slice") == 3
+    assert ["softmax"] not in ops and ops.count(["linear"]) == 1
     assert not any(op_kind(s.ops[0]) == "layout" and len(s.inputs) == 1 and s.ops[-1] == "permute"
                    for s in subs)
     assert ["embedding", "add", "add"] in ops  # token + position + type embeddings
-    # only the attention mask falls back: te tensors hold numbers, not bools
-    assert fell_back == ["cast+index+logical_and"]
+    # only the attention mask falls back (te tensors hold numbers, not bools), now with the
+    # where that turns it into the fused attention's additive mask ([batch, 1, 1, length])
+    assert fell_back == ["cast+index+logical_and+where"]
     assert len(unique_tasks(subs)) < len(subs)  # query, key and value projections share one
 
 
