@@ -481,6 +481,10 @@ def _dropout(imp: _OnnxImporter, node: Any) -> None:
     if imp.opset < 7 and not _attr(node, "is_test", 0):
         imp._unsupported(node, "training mode (is_test=0) of")
     imp.values[node.output[0]] = imp.value(node.input[0])
+    if len(node.output) > 1 and node.output[1]:  # the mask of inference: every element kept
+        if imp.opset < 12:
+            imp._unsupported(node, "float mask output of opsets before 12 of")
+        imp.known[node.output[1]] = np.ones(imp.shape(node.input[0]), dtype=bool)
 
 
 @_handles("Cast", attrs=("to", "saturate"))
@@ -580,7 +584,8 @@ def _gemm(imp: _OnnxImporter, node: Any) -> None:
     if _attr(node, "transA", 0):
         x = imp.graph.add_node("permute", [x], {"axes": (1, 0)})
     has_c = len(node.input) > 2 and node.input[2]
-    if _attr(node, "transB", 0) and alpha == 1.0 and beta == 1.0:  # x @ W^T + c: a linear layer
+    one_d_bias = not has_c or len(imp.shape(node.input[2])) == 1
+    if _attr(node, "transB", 0) and alpha == 1.0 and beta == 1.0 and one_d_bias:  # x @ W^T + c: a linear layer
         inputs = [x, imp.value(b)] + ([imp.value(node.input[2])] if has_c else [])
         imp.emit(node, "linear", inputs)
         return
@@ -1281,3 +1286,4 @@ from ansor.graph import onnx_sampling  # noqa: E402,F401
 from ansor.graph import onnx_padding_forms  # noqa: E402,F401
 from ansor.graph import onnx_recurrent  # noqa: E402,F401
 from ansor.graph import onnx_types  # noqa: E402,F401
+from ansor.graph import onnx_operand_forms  # noqa: E402,F401
