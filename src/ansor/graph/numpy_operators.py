@@ -114,3 +114,18 @@ def _padded_index(i: np.ndarray, size: int, lo: float, hi: float, padding: str) 
         return np.clip(i, 0, size - 1), np.ones(i.shape, bool)
     reflected = _reflect(i.astype(np.float64), lo, hi).astype(np.int64)  # int(): toward zero
     return np.clip(reflected, 0, size - 1), np.ones(i.shape, bool)
+
+
+# ----------------------------------------------------------------------------- det
+@_register("det", 1)
+def _det_type(types, attrs):
+    """The determinant of each square matrix of the last two axes."""
+    x = types[0]
+    _check(len(x.shape) >= 2 and x.shape[-1] == x.shape[-2], f"det: square matrices needed, got {x.shape}")
+    _check(x.dtype in ("float32", "float64"), f"det: float input, got {x.dtype}")
+    return TensorType(x.shape[:-2], x.dtype)
+
+
+@_kernel("det")
+def _det(xs, a):
+    return np.linalg.det(xs[0].astype(np.float64)).astype(xs[0].dtype)

@@ -1287,3 +1287,4 @@ from ansor.graph import onnx_padding_forms  # noqa: E402,F401
 from ansor.graph import onnx_recurrent  # noqa: E402,F401
 from ansor.graph import onnx_types  # noqa: E402,F401
 from ansor.graph import onnx_operand_forms  # noqa: E402,F401
+from ansor.graph import onnx_small_operators  # noqa: E402,F401

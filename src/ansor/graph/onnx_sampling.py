@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ansor.graph import numpy_operators  # noqa: F401 (registers the operators used here)
 from ansor.graph.onnx_importer import _OnnxImporter, _attr, _handles, _text
 
 _MODES = {"bilinear": "linear", "bicubic": "cubic", "linear": "linear", "cubic": "cubic", "nearest": "nearest"}
