@@ -29,6 +29,8 @@ examples:
 DATABASE_HELP = ("records database: a file (SQLite) or a postgresql:// URL (default: $ANSOR_DB, else ansor.db "
                  "in the user cache directory)")
 
+CLUSTER_HELP = ("build and time the programs on a Ray cluster's nodes (the search stays here): auto, "
+                "ray://HOST:PORT or HOST:PORT (default: on this machine; needs pip install 'ansor[cluster]')")
 
 def _shape(text: str) -> tuple[int, ...]:
     fields = text.split(",") if "," in text else text.split("x")  # 64,64,64 or 64x64x64
@@ -138,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "it, unless ANSOR_PRETRAINED=0)")
     tune.add_argument("--no-baseline", action="store_true",
                       help="skip the numpy/PyTorch comparison (default: compare)")
+    tune.add_argument("--cluster", metavar="ADDRESS", default=None, help=CLUSTER_HELP)
     tune.add_argument("--quiet", action="store_true", help="no progress bar (default: show it)")
     tune.add_argument("--plot", metavar="PNG",
                       help="save the tuning curve (best GFLOP/s vs trials) here (default: no plot)")
@@ -174,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     tm.add_argument("--seed", type=_at_least(0), default=None, help="random seed of the search (default: none)")
     tm.add_argument("--timeout", type=_seconds, default=10.0,
                     help="seconds before a kernel counts as hung (default 10)")
+    tm.add_argument("--cluster", metavar="ADDRESS", default=None, help=CLUSTER_HELP)
     tm.add_argument("--quiet", action="store_true", help="no progress display (default: show it)")
     tm.add_argument("--no-winograd", action="store_true",
                     help="keep 3x3 convolutions direct (default: Winograd form over large images; "
@@ -583,7 +587,7 @@ def cmd_tune(args) -> int:
     options = TuneOptions(trials=args.trials, time_budget=args.time_budget, timeout=args.timeout, seed=args.seed,
                           policy=args.policy, measures_per_round=args.per_round,
                           transfer_programs=args.transfer_programs, pretrained=False if args.no_pretrained else None,
-                          transfer_from=tuple(args.transfer_from))
+                          transfer_from=tuple(args.transfer_from), cluster=args.cluster)
     _check_runnable(task, args)
     db_path = args.database or str(ansor.default_database_path())
     console.print(f"[bold]ansor[/] tuning [cyan]{task_label(task)}[/] ({task.flop / 1e9:.3f} GFLOP) on "
@@ -691,7 +695,8 @@ def cmd_tune_model(args) -> int:
                 print(f"ansor: resuming: the database holds {before} records of this model's {len(model.tasks)} "
                       f"tasks (never measured again); this run measures {args.trials} more", file=sys.stderr)
             results = tune_model(model, store, args.trials, scheduler=args.scheduler, seed=args.seed,
-                                 timeout=args.timeout, time_budget=args.time_budget, callbacks=progress)
+                                 timeout=args.timeout, time_budget=args.time_budget, callbacks=progress,
+                                 cluster=args.cluster)
             added = spent_trials(model, store) - before
     except KeyboardInterrupt as exc:
         measured = sum(r.trials for r in getattr(exc, "results", None) or [])

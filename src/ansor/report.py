@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections import Counter
 from typing import Sequence
 
 from rich.console import Console
@@ -25,7 +26,8 @@ class TuneProgress(TuningCallback):
     `total` is the job's trials: the denominator of a single task's line, or of the line of the
     whole job above the tasks' when several are tuned (each task then shows the programs it
     measured, with no denominator: the scheduler decides how many it gets). "best so far" is the
-    search's figure; the best after the leaders are measured again replaces it at the end."""
+    search's figure; the best after the leaders are measured again replaces it at the end.
+    On a cluster, the programs each node measured follow the count."""
 
     def __init__(self, total: int = 0, enabled: bool = True, stream=None, timeout: float | None = None):
         self.total = total
@@ -39,6 +41,7 @@ class TuneProgress(TuningCallback):
         self._tuners: list = []           # every task of the job, in start order
         self._ended = 0
         self._started = time.time()
+        self._by_node: Counter = Counter()  # programs of the job per node that measured them (a cluster)
 
     def _row(self, tuner) -> int:
         """The tuner's row; the rows are made at the first phase, once every task has started,
@@ -62,13 +65,20 @@ class TuneProgress(TuningCallback):
         return sum(t.result.trials for t in self._tuners)
 
     def _job_count(self) -> str:
-        return f"{self._measured()}/{self.total}" if self.total else f"{self._measured()} programs"
+        count = f"{self._measured()}/{self.total}" if self.total else f"{self._measured()} programs"
+        return count + self._nodes_text()
 
     def _count(self, tuner) -> str:
         n = tuner.result.trials
         if self.total and len(self._tuners) == 1:
-            return f"{n}/{self.total}"
-        return f"{n} program{'s' if n != 1 else ''}"
+            return f"{n}/{self.total}" + self._nodes_text()
+        return f"{n} program{'s' if n != 1 else ''}" + ("" if self._job_row is not None else self._nodes_text())
+
+    def _nodes_text(self) -> str:
+        """The programs each node of a cluster measured, as ' (by node: a 12, b 9)'; '' before any."""
+        if not self._by_node:
+            return ""
+        return " (by node: " + ", ".join(f"{node} {n}" for node, n in sorted(self._by_node.items())) + ")"
 
     def on_start(self, tuner) -> None:
         res = tuner.result
@@ -92,6 +102,8 @@ class TuneProgress(TuningCallback):
             self._progress.update(row, phase=phase)
 
     def on_result(self, tuner, result) -> None:
+        if result.record.node:
+            self._by_node[result.record.node] += 1
         if self.live:
             res, row = tuner.result, self._row(tuner)
             self._progress.update(row, completed=res.trials, count=self._count(tuner),
@@ -103,7 +115,7 @@ class TuneProgress(TuningCallback):
         if self.enabled and not self.live:
             res = tuner.result
             errors = f", {error_summary(res.error_counts, self.timeout)}" if res.errors else ""
-            job = f"; job {self._job_count()}" if len(self._tuners) > 1 else ""
+            job = f"; job {self._job_count()}" if len(self._tuners) > 1 else self._nodes_text()
             self._console.print(f"{task_label(tuner.task)}: round {tuner.job_rounds}, {res.trials} "
                                 f"program{'s' if res.trials != 1 else ''} measured, best so far "
                                 f"{best_text(res)}{errors}{job} ({time.time() - self._started:.0f} s)",

@@ -324,6 +324,7 @@ class _TargetPool:
         if actor in self.actors:
             self.actors.remove(actor)
             self.lost.append(f"{actor.node.name}: {why}")
+            self.session.lost.append(self.lost[-1])
             try:
                 self.session.ray.kill(actor.handle, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone with its node
@@ -377,6 +378,7 @@ class ClusterSession:
         self._connected = False
         self._pools: dict[str, _TargetPool] = {}
         self.node_pids: dict[str, set[int]] = collections.defaultdict(set)  # node name -> processes seen
+        self.lost: list[str] = []  # "node: why" of each actor lost during the job
         if not ray.is_initialized():
             try:
                 ray.init(address=self.address, logging_level=logging.WARNING, log_to_driver=False,
@@ -513,8 +515,10 @@ class ClusterMeasurer:
             open_for_calls = deadline is None or time.time() < deadline
             if not open_for_calls:
                 queue.clear()
-            for actor in list(pool.actors):
-                while queue and len(actor.calls) < CALLS_IN_FLIGHT:
+            for depth in range(CALLS_IN_FLIGHT):  # every actor's first call before any actor's second
+                for actor in pool.actors:
+                    if not queue or len(actor.calls) > depth:
+                        continue
                     indices = [queue.popleft() for _ in range(min(PROGRAMS_PER_CALL, len(queue)))]
                     steps = [states[i].steps_json() for i in indices]
                     ref = actor.handle.measure.remote(self._task_id, self._box, steps, self.best_cost)

@@ -1,0 +1,251 @@
+"""Measurement on a Ray cluster (ansor.tuning.cluster), on real local clusters: the two nodes
+that .ci/ray.sh starts (ANSOR_TEST_RAY_ADDRESS), and, for the test that kills a node, a
+two-node cluster of the test's own, so the shared one stays whole."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import ansor
+from ansor.report import TuneProgress
+from ansor.store import open_store
+from ansor.tuning.callbacks import TuningCallback
+from ansor.tuning.cluster import ClusterError, check_address
+from ansor.workloads import make_task
+
+ADDRESS = os.environ.get("ANSOR_TEST_RAY_ADDRESS")
+
+
+def _needs_ray():
+    return pytest.importorskip("ray")
+
+
+def _needs_cluster() -> str:
+    _needs_ray()
+    if not ADDRESS:
+        pytest.skip("no Ray cluster: ANSOR_TEST_RAY_ADDRESS is not set (.ci/ray.sh starts one)")
+    return ADDRESS
+
+
+def _task(n: int = 64):
+    return make_task("matmul", (n, n, n), target=ansor.Target.host(num_cores=1))
+
+
+def _check_built(task, db) -> None:
+    """The database's best program, built here, computes the matmul numpy computes."""
+    kernel = ansor.build(task, database=db, quick_trials=0)
+    a, b = (np.random.default_rng(i).standard_normal((64, 64)).astype("float32") for i in (1, 2))
+    np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_addresses_are_checked_before_anything_connects():
+    for good in ("auto", "ray://head:10001", "ray://10.0.0.1", "10.0.0.1:6379", "head.example:6379"):
+        assert check_address(good) == good
+    for bad in ("", "head", "http://head:6379", "ray://", "head:port"):
+        with pytest.raises(ValueError, match="cluster address"):
+            check_address(bad)
+    with pytest.raises(ValueError, match="cluster address"):
+        ansor.TuneOptions(cluster="nowhere")
+
+
+def test_missing_ray_is_one_line_naming_the_extra(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as where it is not installed
+    with pytest.raises(ClusterError, match=r"pip install 'ansor\[cluster\]'") as info:
+        ansor.tune(_task(), trials=4, database=str(tmp_path / "r.db"), cluster="127.0.0.1:1", progress=False)
+    assert "\n" not in str(info.value)
+
+
+def test_a_task_tuned_across_two_nodes(tmp_path):
+    address = _needs_cluster()
+    task, db = _task(), str(tmp_path / "records.db")
+    shown = io.StringIO()
+    result = ansor.tune(task, trials=12, database=db, cluster=address, policy="sketch.random", seed=3,
+                        confirm_best=2, progress=False, callbacks=[TuneProgress(total=12, stream=shown)])
+    assert result.trials == 12 and not result.errors
+    with open_store(db)[0] as store:
+        records = store.records(task.workload_key, task.target.key)
+    assert len(records) == 12 + 2  # the two leaders measured again
+    nodes = {r.node for r in records}
+    assert len(nodes) == 2 and "" not in nodes  # both nodes measured, and the records say which
+    assert all(r.ok for r in records)
+    assert len({r.state_key for r in records}) == 12
+    assert "by node: " in shown.getvalue() and all(node in shown.getvalue() for node in nodes)
+    _check_built(task, db)
+
+
+def test_a_target_no_node_offers_fails_at_once(tmp_path):
+    address = _needs_cluster()
+    here = ansor.Target.host()
+    four_cores = ansor.Target("cpu", here.isa, 4, here.vector_unit_bytes, 64)  # the nodes have 1 CPU each
+    task, db = make_task("matmul", (64, 64, 64), target=four_cores), str(tmp_path / "records.db")
+    with pytest.raises(ClusterError) as info:
+        ansor.tune(task, trials=8, database=db, cluster=address, progress=False)
+    message = str(info.value)
+    assert four_cores.key in message and "nodes offer" in message and "up to 1 core" in message
+    with open_store(db)[0] as store:
+        assert store.count(task.workload_key, task.target.key) == 0
+
+
+# --- a node killed with kill -9 while it measures -----------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process exists and is not a zombie waiting to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def _processes() -> list[tuple[int, int, int]]:
+    """(pid, parent pid, process group) of every live process."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                out.append((int(entry), int(fields[1]), int(fields[2])))
+    return out
+
+
+def _tree(root: int) -> set[int]:
+    """The process and all its descendants (a Ray node: raylet, agents and workers, whichever
+    session each runs in)."""
+    children: dict[int, list[int]] = {}
+    for pid, parent, _ in _processes():
+        children.setdefault(parent, []).append(pid)
+    tree, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in tree:
+            tree.add(pid)
+            todo += children.get(pid, [])
+    return tree
+
+
+@pytest.fixture
+def own_cluster(tmp_path_factory):
+    """A head and a second node, one CPU each, each `ray start --block` in its own process group."""
+    ray = _needs_ray()
+    folder = tmp_path_factory.mktemp("ray")  # the nodes' output
+    short = f"/tmp/ansor-test-ray-{os.getpid()}"  # Ray's socket paths must stay short
+    os.makedirs(short, exist_ok=True)
+    port = _free_port()
+    common = ["--num-cpus=1", "--object-store-memory=100000000", "--disable-usage-stats", f"--temp-dir={short}",
+              "--node-ip-address=127.0.0.1", "--block"]
+    started = []
+
+    def start(*args):
+        log = open(folder / f"node{len(started)}.log", "w")
+        started.append(subprocess.Popen(["ray", "start", *args, *common], stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True))
+
+    def nodes_alive() -> int:
+        ray.init(address=f"127.0.0.1:{port}", logging_level=logging.ERROR, log_to_driver=False)
+        try:
+            return sum(n["Alive"] for n in ray.nodes())
+        finally:
+            ray.shutdown()
+
+    try:
+        start("--head", f"--port={port}", "--include-dashboard=false", f"--ray-client-server-port={_free_port()}")
+        for want in (1, 2):
+            for _ in range(60):
+                try:
+                    if nodes_alive() >= want:
+                        break
+                except Exception:  # noqa: BLE001 - not up yet
+                    pass
+                time.sleep(1)
+            else:
+                pytest.fail(f"the test's Ray cluster did not reach {want} node(s); logs in {folder}")
+            if want == 1:
+                start(f"--address=127.0.0.1:{port}")
+        yield f"127.0.0.1:{port}", started[1]
+    finally:
+        for process in reversed(started):
+            if process.poll() is None:
+                process.terminate()  # `ray start --block` stops its node's processes
+        for process in started:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        subprocess.run(["rm", "-rf", short], check=False)
+
+
+class KillNodeMidRun(TuningCallback):
+    """kill -9 of every process of the second node, once it has measured a program and a few
+    programs are in: what a machine that dies does to its work."""
+
+    def __init__(self, node_process: subprocess.Popen):
+        self.node_process = node_process
+        self.victim = None        # the node's name in the records
+        self.killed_at = 0.0
+        self.session = None
+        self.tree: set[int] = set()  # the node's processes when it was killed
+        self.seen = 0
+
+    def on_result(self, tuner, result) -> None:
+        self.seen += 1
+        if self.victim is not None or self.seen < 4:
+            return
+        import ray
+
+        head = next(n for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"])
+        if result.record.node and not result.record.node.endswith(head["NodeID"][:6]):
+            self.victim, self.session = result.record.node, tuner.measurer.session
+            self.killed_at = time.time()
+            self.tree = _tree(self.node_process.pid)
+            for pid in self.tree:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.node_process.wait()
+
+
+def test_a_node_killed_mid_run_loses_nothing(own_cluster, tmp_path):
+    address, second_node = own_cluster
+    task, db = _task(), str(tmp_path / "records.db")
+    killer = KillNodeMidRun(second_node)
+    result = ansor.tune(task, trials=16, database=db, cluster=address, policy="sketch.random", seed=5,
+                        confirm_best=0, progress=False, callbacks=[killer])
+    assert killer.victim is not None, "the second node never measured a program"
+    assert any(line.startswith(killer.victim) for line in killer.session.lost)  # the job saw it go
+    assert result.trials == 16
+    with open_store(db)[0] as store:
+        records = store.records(task.workload_key, task.target.key)
+    assert len(records) == 16 and len({r.state_key for r in records}) == 16  # each program exactly once
+    for r in records:
+        assert r.ok or (killer.victim in r.error_msg and "lost" in r.error_msg), r.error_msg
+    after = {r.node for r in records if r.timestamp > killer.killed_at}
+    assert after and killer.victim not in after, "the job did not go on on the node left"
+    _check_built(task, db)
+    # nothing of the killed node is left, and the job's own actors and workers ended with it
+    deadline = time.time() + 20
+    pids = {pid for node_pids in killer.session.node_pids.values() for pid in node_pids} | killer.tree
+    while time.time() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.5)
+    assert not [p for p in pids if _alive(p)], "a process of the killed node or of the job's actors is left"
