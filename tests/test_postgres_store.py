@@ -352,7 +352,7 @@ def test_passwords_are_not_shown():
 
 
 def test_an_unreachable_server_is_one_clear_error(tmp_path):
-    _server_url()
+    pytest.importorskip("psycopg", reason="the postgres extra (psycopg 3) is not installed")
     url = f"postgresql:///ansor?host={tmp_path}&user=me&password=hunter2&connect_timeout=2"
     with pytest.raises(DatabaseError, match="cannot connect") as info:
         open_store(url)
@@ -458,8 +458,8 @@ def test_concurrent_writers_of_the_same_measurements_store_each_once(pg_url):
 
 def test_a_task_tuned_into_postgresql_is_built_from_it_and_round_trips_through_sqlite(pg_url, tmp_path):
     task = make_task("matmul", (32, 32, 32))
-    result = ansor.tune(task, trials=6, database=pg_url, seed=0, progress=False)
-    assert result.trials == 6 and result.best_cost < float("inf")
+    result = ansor.tune(task, trials=4, database=pg_url, seed=0, progress=False)
+    assert result.trials == 4 and result.best_cost < float("inf")
     kernel = ansor.build(task, database=pg_url)
     a, b = (np.random.default_rng(i).random((32, 32), dtype=np.float32) for i in (1, 2))
     np.testing.assert_allclose(kernel(a, b), a @ b, rtol=1e-4, atol=1e-4)
@@ -467,7 +467,7 @@ def test_a_task_tuned_into_postgresql_is_built_from_it_and_round_trips_through_s
         best = db.best(task.workload_key, task.target.key)[0]
         records = db.records()
     assert kernel.record is not None and kernel.record.state_key == best.state_key
-    assert len(records) >= 6 and len({r.state_key for r in records}) == 6
+    assert len(records) >= 4 and len({r.state_key for r in records}) == 4
 
     # PostgreSQL -> SQLite -> a second PostgreSQL database, through the command line: the same records.
     first, second, sqlite = tmp_path / "pg.jsonl", tmp_path / "sqlite.jsonl", str(tmp_path / "copy.db")
@@ -491,7 +491,7 @@ def test_two_tuning_jobs_and_a_reader_share_one_database(pg_url, tmp_path):
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "ANSOR_CACHE_DIR": str(tmp_path / "cache"), "ANSOR_DB": str(tmp_path / "unused.db"),
            "ANSOR_PRETRAINED": "0"}
-    jobs = {shape: _run_cli(["tune", "matmul", "--shape", shape, "--trials", "6", "--database", pg_url,
+    jobs = {shape: _run_cli(["tune", "matmul", "--shape", shape, "--trials", "4", "--database", pg_url,
                              "--quiet", "--no-baseline", "--seed", "1"], env)
             for shape in ("24,24,24", "40,40,40")}
     reads = 0
@@ -501,6 +501,7 @@ def test_two_tuning_jobs_and_a_reader_share_one_database(pg_url, tmp_path):
         # before the first job has made the tables a reader finds no records database: not an error of the store
         assert show.returncode == 0 or "no ansor records" in show.stderr, show.stderr
         reads += show.returncode == 0
+        time.sleep(0.5)  # leave the two cores to the jobs between reads
     outputs = {shape: job.communicate() for shape, job in jobs.items()}
     for shape, job in jobs.items():
         assert job.returncode == 0, outputs[shape][1]
@@ -511,7 +512,7 @@ def test_two_tuning_jobs_and_a_reader_share_one_database(pg_url, tmp_path):
             measured = int(re.search(r"(\d+) programs measured", out).group(1))
             added = re.search(r"(\d+) records added", out)
             records = db.records(task.workload_key, task.target.key)
-            assert measured == 6
+            assert measured == 4
             assert len(records) == (int(added.group(1)) if added else measured)
             assert len({r.state_key for r in records}) == measured
             assert len({(r.state_key, r.timestamp) for r in records}) == len(records)  # no duplicate
