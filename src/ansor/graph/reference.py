@@ -17,6 +17,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ansor.graph.ir import Graph, GraphError, Node
 from ansor.graph.ops import conv_padding4
 from ansor.te import winograd
+from ansor.te.dtypes import cast_array
 
 Kernel = Callable[[list[np.ndarray], dict[str, Any]], np.ndarray]
 KERNELS: dict[str, Kernel] = {}
@@ -102,8 +103,8 @@ def _clamp(xs, a):
 
 
 @_kernel("cast")
-def _cast(xs, a):
-    return xs[0].astype(a["dtype"])
+def _cast(xs, a):  # float to integer saturates, as the compiled kernels convert
+    return cast_array(xs[0], str(np.dtype(a["dtype"])))
 
 
 @_kernel("where")
@@ -479,7 +480,8 @@ def _cumsum(xs, a):
 @_kernel("topk")
 def _topk(xs, a):
     x, axis, k = xs[0], a["axis"] % xs[0].ndim, a["k"]
-    keys = -x if a["largest"] else x
+    # ~x reverses every integer order (-x wraps: unsigned values, the smallest signed one)
+    keys = (~x if x.dtype.kind in "iu" else -x) if a["largest"] else x
     order = np.argsort(keys, axis=axis, kind="stable")  # stable: equal values keep index order
     picked = np.take(order, range(k), axis=axis)
     return picked.astype(np.int64) if a["indices"] else np.take_along_axis(x, picked, axis=axis)

@@ -12,7 +12,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+import ml_dtypes
 import numpy as np
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 __all__ = ["Verdict", "one_line", "output_mismatch", "summarize"]
 
@@ -49,6 +52,8 @@ def output_mismatch(got: Sequence[Any], expected: Sequence[np.ndarray], rtol: fl
             return f"output {i}: shape {g.shape} where {e.shape} is expected"
         if g.dtype != e.dtype:
             return f"output {i}: dtype {g.dtype} where {e.dtype} is expected"
+        if e.dtype == BFLOAT16:  # numpy's NaN-aware comparisons do not know bfloat16
+            g, e = g.astype(np.float32), e.astype(np.float32)
         if e.dtype.kind in "fc":
             if not np.allclose(g, e, rtol=rtol, atol=atol, equal_nan=True):
                 with np.errstate(invalid="ignore"):
