@@ -218,8 +218,10 @@ def is_number(value: Any) -> bool:
 class RecordStore(Protocol):
     """Where records live: what the tuning job, `build` and the command line need of storage.
 
-    `ansor.store.SQLiteStore` is the default; `ansor.store.open_store` opens one from a path.
-    Every write of a batch is one transaction, so a reader never sees half of it.
+    `ansor.store.SQLiteStore` is the default, `ansor.store.PostgresStore` a server a team
+    shares; `ansor.store.open_store` opens one from a path or a URL. ``path`` names the store
+    in messages: a file's Path, else a string (a URL, its password hidden; ":memory:"). Every
+    write of a batch is one transaction, so a reader never sees half of it.
     """
 
     path: Any
