@@ -28,12 +28,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ansor.backend import backend_for, generate_source
+from ansor.codegen.c_like import C_TYPES
 
 if TYPE_CHECKING:
     from ansor.graph.compiled import CompiledModel
 
 ALIGN = 64
-_C_TYPES = {"float32": "float", "float64": "double", "int32": "int32_t", "int64": "int64_t", "bool": "bool"}
+_C_TYPES = C_TYPES  # the kernels' element types (bfloat16: its uint16_t bits)
 
 
 class ExportError(RuntimeError):

@@ -34,7 +34,7 @@ class Tensor:
 
     @property
     def dtype(self) -> str:
-        """The element type: "float32", "float64", "int32", "int64" or "bool"."""
+        """The element type: one of `ansor.te.dtypes.DTYPES` ("float32", "bfloat16", "int8", ...)."""
         return self.op.dtype
 
     @property
