@@ -66,7 +66,8 @@ def tune_model(graph: Graph | ModelTasks, store: RecordStore, trials: int = 1000
     if missing and options.get("policy", "sketch.xgb") == "sketch.xgb":
         per_task = max(1, min(MODEL_QUICK_LAP, left // len(missing)))
         warm = quick_search_tasks(missing, store, options.get("time_budget"), per_task,
-                                  seed=options.get("seed") or 0, callbacks=callbacks)
+                                  seed=options.get("seed") or 0, callbacks=callbacks,
+                                  cluster=options.get("cluster"))
         left = max(0, left - sum(r.trials for r in warm))
         if options.get("time_budget") is not None:
             options["time_budget"] = max(1e-3, options["time_budget"] - (time.time() - started))

@@ -112,7 +112,7 @@ def tasks_without_records(tasks: Sequence[Task], store: RecordStore) -> list[Tas
 
 def quick_search_tasks(tasks: Sequence[Task], store: RecordStore, seconds: float | None = MODEL_QUICK_SECONDS,
                        programs_per_task: int = MODEL_QUICK_PROGRAMS, seed: int = 0,
-                       callbacks: Sequence[TuningCallback] = ()) -> list[TuneResult]:
+                       callbacks: Sequence[TuningCallback] = (), cluster: str | None = None) -> list[TuneResult]:
     """Choose and record programs for several tasks at once, laps of MODEL_QUICK_LAP programs
     per task in turn (the first lap: each task's default schedule and the cost model's
     best; later laps: the model refitted on every task's timings, one model for all), until
@@ -124,7 +124,7 @@ def quick_search_tasks(tasks: Sequence[Task], store: RecordStore, seconds: float
     options = TuneOptions(trials=programs_per_task * len(tasks),
                           measures_per_round=min(MODEL_QUICK_LAP, programs_per_task),
                           scheduler="round-robin", confirm_best=0, time_budget=seconds, seed=seed,
-                          default_first=True, search_params=MODEL_QUICK_SEARCH)
+                          default_first=True, search_params=MODEL_QUICK_SEARCH, cluster=cluster)
     results = tune(list(tasks), options, store, callbacks)
     return results if isinstance(results, list) else [results]
 
