@@ -30,6 +30,8 @@ from ansor.measure import (
     time_function,
 )
 from ansor.measure.check import default_tolerances
+from ansor.measure.library import KernelLibrary
+from ansor.measure.timing import RotatedCalls, measure_costs
 
 N = 1024
 FAST = TimingPolicy(warmup=1, repeat=3, min_repeat_ms=2.0)
@@ -316,6 +318,38 @@ def test_flush_cache_policy(float_task, libs) -> None:
         runner.set_task(inputs, expected)
         result = runner.run(libs["add"], "add")
     assert result.error_no == MeasureErrorNo.NO_ERROR and len(result.costs) == 4
+
+
+#: A kernel that counts its calls in its first input (a[0] += 1): which copy each call used.
+COUNT_CALLS = """
+void add(void* arg0, void* arg1, void* arg2) { ((float*)arg0)[0] += 1.0f; (void)arg1; (void)arg2; }
+"""
+
+
+def test_cold_inputs_cycle_through_copies(builder: Builder, float_task) -> None:
+    """With cold_bytes, consecutive calls run on different copies of the inputs, each copy
+    called in turn, and the copies span at least cold_bytes."""
+    [built] = builder.build([COUNT_CALLS])
+    assert built.error_no == MeasureErrorNo.NO_ERROR, built.error_msg
+    inputs, expected = float_task
+    a = np.zeros_like(inputs[0])
+    with KernelLibrary(built.lib_path, "add") as kernel:
+        buffers = [a, inputs[1], np.zeros_like(expected[0])]
+        rotation = RotatedCalls(kernel, buffers, cold_bytes=3 * (a.nbytes + inputs[1].nbytes), n_inputs=2)
+        assert rotation.copies == 4 and rotation.nbytes >= 3 * (a.nbytes + inputs[1].nbytes)
+        rotation.timed(buffers, 8)  # two rounds of the four copies
+        counts = [call.buffers[0][0] for call in rotation._calls]
+        assert counts == [2.0, 2.0, 2.0, 2.0]
+        costs = measure_costs(kernel, buffers, TimingPolicy(repeat=2, min_repeat_ms=1.0, cold_bytes=1 << 20),
+                              n_inputs=2)
+        assert len(costs) == 2 and all(c > 0 for c in costs)
+
+
+def test_cold_policy_still_checks_the_answer(float_task, libs) -> None:
+    with Runner(timing=TimingPolicy(repeat=2, min_repeat_ms=1.0, cold_bytes=1 << 20)) as runner:
+        runner.set_task(*float_task)
+        assert runner.run(libs["add"], "add").error_no == MeasureErrorNo.NO_ERROR
+        assert runner.run(libs["wrong"], "add").error_no == MeasureErrorNo.WRONG_ANSWER
 
 
 #: One timed call, sized by nothing: the repeat count cannot be cut by `max_seconds` however

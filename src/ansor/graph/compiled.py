@@ -370,7 +370,7 @@ def build_model(graph: Graph, store: RecordStore | None = None, target: Target |
                       f"{store.path}: choosing programs for them with the cost model, up to {seconds:.0f} s "
                       f"(quick_seconds= sets it, 0 builds them untuned; ansor.tune(graph) goes further)",
                       file=sys.stderr)
-            quick_search_tasks(missing, store, seconds, callbacks=callbacks)
+            quick_search_tasks(missing, store, seconds, callbacks=callbacks, timing=tasks.measured_as_in_model())
     compiled = build_many(tasks.tasks, store)
     kernels = {key: compiled[i] for key, i in tasks.task_index.items()}
     if verbose:

@@ -10,14 +10,22 @@ reference kernels, and the reason is kept so that it can be said aloud.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ansor.graph import passes
 from ansor.graph.ir import Graph
 from ansor.graph.partition import Subgraph, partition
 from ansor.graph.to_te import SubgraphTask, lower_subgraph
+from ansor.measure import TimingPolicy
 from ansor.target import Target
 from ansor.task import Task
+from ansor.te.expr import DTYPE_BYTES
+
+
+#: Past a few times the largest last-level cache we target, more bytes between two calls change
+#: nothing (the data comes from memory either way); the copies cycled through stay this small.
+COLD_BYTES_LIMIT = 256 * 1024 * 1024
 
 
 @dataclass
@@ -50,6 +58,20 @@ class ModelTasks:
     @property
     def fallbacks(self) -> list[ModelPiece]:
         return [p for p in self.pieces if p.lowered is None and p.view_of is None]
+
+    @property
+    def data_bytes(self) -> int:
+        """Bytes one call of the model's kernels reads and writes (every task's inputs and
+        outputs, times its occurrences): what passes through the caches between two calls of
+        one kernel, which the kernels are timed against (`measured_as_in_model`)."""
+        return sum(w * sum(math.prod(t.shape) * DTYPE_BYTES[t.dtype] for t in (*task.inputs, *task.outputs))
+                   for task, w in zip(self.tasks, self.weights))
+
+    def measured_as_in_model(self) -> TimingPolicy:
+        """How the model's kernels are timed: with their inputs out of the caches as far as the
+        rest of the model pushes them (`TimingPolicy.cold_bytes`), so that the tuner's estimate
+        of the model (the weighted sum of its kernels' times) is what the model measures."""
+        return TimingPolicy(cold_bytes=min(self.data_bytes, COLD_BYTES_LIMIT))
 
 
 def extract_tasks(graph: Graph, target: Target | None = None, simplify: bool = True,

@@ -57,6 +57,7 @@ def tune_model(graph: Graph | ModelTasks, store: RecordStore, trials: int = 1000
     if not count_existing:
         spent = 0
     options.setdefault("scheduler", "gradient")
+    options.setdefault("timing", model.measured_as_in_model())
     options.setdefault("measures_per_round", max(
         MIN_MEASURES_PER_ROUND, min(TuneOptions.measures_per_round, trials // len(model.tasks))))
     left = max(0, trials - spent)
@@ -67,7 +68,8 @@ def tune_model(graph: Graph | ModelTasks, store: RecordStore, trials: int = 1000
         per_task = max(1, min(MODEL_QUICK_LAP, left // len(missing)))
         warm = quick_search_tasks(missing, store, options.get("time_budget"), per_task,
                                   seed=options.get("seed") or 0, callbacks=callbacks,
-                                  cluster=options.get("cluster"))
+                                  cluster=options.get("cluster"),
+                                  timing=options["timing"])
         left = max(0, left - sum(r.trials for r in warm))
         if options.get("time_budget") is not None:
             options["time_budget"] = max(1e-3, options["time_budget"] - (time.time() - started))

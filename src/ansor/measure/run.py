@@ -98,7 +98,7 @@ def evaluate_kernel(
         mismatch = check_outputs(outputs, expected, rtol, atol)
         if mismatch is not None:
             return _failure(MeasureErrorNo.WRONG_ANSWER, mismatch, start)
-        costs = measure_costs(kernel, buffers, timing, warmed_up=True)
+        costs = measure_costs(kernel, buffers, timing, warmed_up=True, n_inputs=len(inputs))
     except Exception as err:  # noqa: BLE001 - every failure becomes a record
         return _failure(MeasureErrorNo.RUNTIME_DEVICE, f"{type(err).__name__}: {err}", start)
     finally:
@@ -121,7 +121,7 @@ def time_function(
     with loader(lib_path, func_name) as kernel:
         buffers = [*inputs, *outputs, *kernel.packed_buffers()]
         kernel.prepack(buffers)
-        costs = measure_costs(kernel, buffers, timing)
+        costs = measure_costs(kernel, buffers, timing, n_inputs=len(inputs))
     return RunResult(costs, int(MeasureErrorNo.NO_ERROR), "", time.perf_counter() - start)
 
 

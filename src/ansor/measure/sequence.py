@@ -43,7 +43,8 @@ def sequence_source(max_arguments: int = MAX_ARGUMENTS) -> str:
 @lru_cache(maxsize=1)
 def _runner() -> Callable:
     """The compiled sequence function (built once per process, cached on disk by the Builder)."""
-    from ansor.measure import Builder, MeasureErrorNo
+    from .build import Builder  # relative: the measurement worker loads this package without its __init__
+    from .errors import MeasureErrorNo
 
     built = Builder().compile_one(sequence_source())
     if built.error_no != MeasureErrorNo.NO_ERROR or built.lib_path is None:

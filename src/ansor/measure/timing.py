@@ -2,12 +2,21 @@
 
 Each repeat's cost is its elapsed time divided by `number`; the caller keeps the median and the
 spread, so one noisy repeat on a shared machine does not decide a search.
+
+A kernel called again and again on the same buffers finds its inputs in the caches, which it
+does not inside a model: between two calls of one layer, every other layer's weights and
+activations pass through them. With `cold_bytes` the calls cycle through copies of the inputs
+(and of the packed weights) until that many bytes separate two uses of one copy, as the rest of
+the model does (TVM flushes the cache before each call for the same reason; cycling keeps the
+back-to-back timing and its precision for short kernels).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import time
 
 import numpy as np
 
@@ -33,6 +42,8 @@ class TimingPolicy:
     number: int = 1
     max_number: int = 10**6
     flush_cache: bool = False
+    cold_bytes: int = 0  # > 0: calls cycle through copies of the inputs spanning this many bytes
+                         # (a model's data between two calls of one of its kernels; see the module)
     max_seconds: float = 2.0  # stop adding repeats once this much time went into timing
     one_repeat_above: float = 0.0  # seconds per call past which the first repeat is the only one
                                    # (0: off); a search sets it to a multiple of its best time:
@@ -40,7 +51,7 @@ class TimingPolicy:
                                    # already tells the model how slow it is
 
     def __post_init__(self) -> None:
-        if self.repeat < 1 or self.number < 1 or self.max_number < 1 or self.warmup < 0:
+        if self.repeat < 1 or self.number < 1 or self.max_number < 1 or self.warmup < 0 or self.cold_bytes < 0:
             raise ValueError(f"invalid timing policy: {self}")
 
 
@@ -56,10 +67,17 @@ def flush_cpu_cache() -> None:
 
 
 def measure_costs(
-    kernel: KernelLibrary, buffers: Sequence[np.ndarray], policy: TimingPolicy, warmed_up: bool = False
+    kernel: KernelLibrary, buffers: Sequence[np.ndarray], policy: TimingPolicy, warmed_up: bool = False,
+    n_inputs: int | None = None,
 ) -> tuple[float, ...]:
     """Seconds per call, one value per repeat, following `policy`; `warmed_up` says the caller
-    has just run the kernel (e.g. to check it), which then serves as the warm-up."""
+    has just run the kernel (e.g. to check it), which then serves as the warm-up. `n_inputs`:
+    how many of `buffers` are inputs (the rest are outputs, then packed buffers); the inputs
+    and packed buffers are what `policy.cold_bytes` cycles through (None: every buffer but the
+    last)."""
+    if policy.cold_bytes > 0 and hasattr(kernel, "fixed_call"):
+        rotation = RotatedCalls(kernel, buffers, policy.cold_bytes, n_inputs)  # type: ignore[arg-type]
+        return measure_costs(rotation, [], replace(policy, cold_bytes=0, number=1), warmed_up=False)
     if policy.flush_cache:
         for _ in range(policy.warmup):
             flush_cpu_cache()
@@ -108,3 +126,49 @@ def choose_number(
 
 
 PROBE_MARGIN = 1.2  # a sized repeat aims this far over min_repeat_ms
+
+
+#: At most this many copies of a kernel's inputs are cycled through (a tiny kernel's copies
+#: then span less than `cold_bytes`, which its data would not fill in a model either).
+MAX_COPIES = 256
+
+
+class RotatedCalls:
+    """A kernel called on the next of several copies of its inputs and packed buffers each
+    time, timed as the copies in order (`number` counts calls, not rounds of copies).
+
+    Looks like a `KernelLibrary` to `measure_costs`: `timed(buffers, number)` runs `number`
+    calls from C (`measure.sequence`, one foreign call per round of copies) and `__call__`
+    runs one round. The outputs are shared by every copy, as a model's planned buffer is."""
+
+    def __init__(self, kernel: KernelLibrary, buffers: Sequence[np.ndarray], cold_bytes: int,
+                 n_inputs: int | None = None) -> None:
+        from ansor.memory import aligned_copy
+        from .sequence import KernelSequence
+
+        n_in = len(buffers) - 1 if n_inputs is None else n_inputs
+        packed_from = n_in + (len(buffers) - n_in - len(kernel.packed_nbytes))
+        rotated = [i for i in range(len(buffers)) if i < n_in or i >= packed_from]
+        set_bytes = max(1, sum(buffers[i].nbytes for i in rotated))
+        self.copies = max(2, min(MAX_COPIES, -(-cold_bytes // set_bytes) + 1))
+        sets = [list(buffers)]
+        for _ in range(self.copies - 1):
+            copy = list(buffers)
+            for i in rotated:
+                copy[i] = aligned_copy(buffers[i])
+            sets.append(copy)
+        calls = [kernel.fixed_call(s) for s in sets]  # each holds its buffers alive
+        self._calls = calls
+        self._round = KernelSequence([(c.address, c.pointers) for c in calls])
+        self.nbytes = set_bytes * self.copies
+
+    def __call__(self, buffers: Sequence[np.ndarray]) -> None:
+        self._round()
+
+    def timed(self, buffers: Sequence[np.ndarray], number: int) -> float:
+        """Seconds of at least `number` calls, scaled to `number` (whole rounds of copies)."""
+        rounds = max(1, -(-number // self.copies))
+        start = time.perf_counter()
+        for _ in range(rounds):
+            self._round()
+        return (time.perf_counter() - start) * number / (rounds * self.copies)

@@ -19,6 +19,7 @@ from typing import Sequence
 from ansor.records import RecordStore
 from ansor.kernel import Kernel
 from ansor.kernel import build as build_kernel
+from ansor.measure import TimingPolicy
 from ansor.measure.errors import DeviceUnavailableError
 from ansor.replay import replay_records
 from ansor.schedule.state import State
@@ -112,11 +113,15 @@ def tasks_without_records(tasks: Sequence[Task], store: RecordStore) -> list[Tas
 
 def quick_search_tasks(tasks: Sequence[Task], store: RecordStore, seconds: float | None = MODEL_QUICK_SECONDS,
                        programs_per_task: int = MODEL_QUICK_PROGRAMS, seed: int = 0,
-                       callbacks: Sequence[TuningCallback] = (), cluster: str | None = None) -> list[TuneResult]:
+                       callbacks: Sequence[TuningCallback] = (),
+                       timing: TimingPolicy | None = None,
+                       cluster: str | None = None) -> list[TuneResult]:
     """Choose and record programs for several tasks at once, laps of MODEL_QUICK_LAP programs
     per task in turn (the first lap: each task's default schedule and the cost model's
     best; later laps: the model refitted on every task's timings, one model for all), until
-    `programs_per_task` each or `seconds` (None: no limit). Returns the job's results."""
+    `programs_per_task` each or `seconds` (None: no limit). `timing`: how the kernels are
+    timed (a model's tasks: as in the model, `ModelTasks.measured_as_in_model`). Returns the
+    job's results."""
     if not tasks or programs_per_task <= 0 or (seconds is not None and seconds <= 0):
         return []
     # the costliest first: when time runs out, what is left untuned is what matters least
@@ -124,7 +129,8 @@ def quick_search_tasks(tasks: Sequence[Task], store: RecordStore, seconds: float
     options = TuneOptions(trials=programs_per_task * len(tasks),
                           measures_per_round=min(MODEL_QUICK_LAP, programs_per_task),
                           scheduler="round-robin", confirm_best=0, time_budget=seconds, seed=seed,
-                          default_first=True, search_params=MODEL_QUICK_SEARCH, cluster=cluster)
+                          default_first=True, search_params=MODEL_QUICK_SEARCH, timing=timing,
+                          cluster=cluster)
     results = tune(list(tasks), options, store, callbacks)
     return results if isinstance(results, list) else [results]
 
