@@ -7,6 +7,7 @@ first on `sys.path`, so no script patches the path or reaches into another scrip
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -43,6 +44,19 @@ def git_commit() -> str:
                               check=True, cwd=Path(__file__).parent).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def machine_name() -> str:
+    """The CPU's model name, family and core count (as `lscpu` says), for a result's label."""
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return "unknown"
+    name = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
+    family = re.search(r"^cpu family\s*:\s*(\d+)$", text, re.M)
+    cores = len(re.findall(r"^processor\s*:", text, re.M))
+    return (f"{name.group(1).strip() if name else 'unknown CPU'} (family "
+            f"{family.group(1) if family else '?'}), {cores} cores")
 
 
 def build_checked(task: ansor.Task, database: str, label: str) -> tuple[ansor.Kernel, list]:

@@ -11,6 +11,12 @@ medians and spreads; each turn after a pause of half a second, so no runtime pay
 thread pool of the one before). onnxruntime gets a session with as many intra-op threads as cores.
 `--profile` prints each subgraph's time, the table to read when a model misses its bar.
 `--curve FILE.json` appends the tuning curve (estimated model latency after each round).
+
+`--minutes 0,1,5,10,20` draws the time-to-quality curve instead: the model built at once from a
+fresh database (the quick build), then tuned from another fresh database with `tune_model`'s
+time budget in steps, built and timed in turns against onnxruntime and PyTorch eager after 1, 5,
+10 and 20 minutes of tuning in all; each point also gives the tuner's estimate of the model's
+latency (the weighted sum of its kernels' best times) beside the measured one.
 """
 
 from __future__ import annotations
@@ -236,6 +242,81 @@ def bench(name: str, args) -> dict:
     return row
 
 
+def timed_point(name: str, graph, module, inputs, database: str, args, quick_seconds: float) -> dict:
+    """Build the model from `database`, check it against PyTorch, time it in turns with
+    onnxruntime and PyTorch eager; the row of one point of the time-to-quality curve."""
+    import torch
+
+    import ansor
+    from ansor.baselines import paired_ratio, time_in_turns
+
+    start = time.time()
+    compiled = ansor.build(graph, database=database, winograd=not args.no_winograd, quick_seconds=quick_seconds)
+    build_seconds = time.time() - start
+    x = [t.numpy() for t in inputs]
+    with torch.no_grad():
+        want = module(*inputs).numpy()
+    got = compiled(*x)
+    err = float(np.max(np.abs(got - want)) / (np.sqrt(np.mean(want.astype(np.float64) ** 2)) or 1.0))
+
+    def eager():
+        with torch.no_grad():
+            module(*inputs)
+
+    fns = {"ansor": lambda: compiled(*x), "PyTorch eager": eager}
+    ort = onnxruntime_session(module, inputs)
+    if ort is not None:
+        fns["onnxruntime"] = ort
+    turns = time_in_turns(fns, args.rounds, min_repeat_s=0.3, pause_s=0.5)
+    estimate = sum(compiled.tasks.weights[i] * k.record.median_cost
+                   for key, i in compiled.tasks.task_index.items() for k in [compiled.kernels[key]]
+                   if k.record is not None)
+    untuned = sum(1 for k in compiled.kernels.values() if k.record is None)
+    return {"model": name, "error": err, "build_seconds": build_seconds, "untuned": untuned,
+            "estimated_ms": estimate * 1e3 if not untuned else None,
+            "timings_ms": {k: t.median * 1e3 for k, t in turns.items()},
+            "spreads": {k: t.spread for k, t in turns.items()},
+            "paired_ratios": {k: paired_ratio(t, turns["ansor"]) for k, t in turns.items()}}
+
+
+def time_to_quality(name: str, args) -> list[dict]:
+    """The rows of the time-to-quality curve (see the module) of one model."""
+    import ansor
+    from ansor.graph.model_tasks import extract_tasks
+    from ansor.graph.model_tuning import tune_model
+    from ansor.store import open_store
+
+    module, inputs = make_model(name)
+    module = module.eval()
+    graph = ansor.graph.from_torch(module, inputs)
+    model = extract_tasks(graph, winograd=not args.no_winograd)
+    folder = tempfile.mkdtemp(prefix="ansor-curve-")
+    rows = []
+    minutes = sorted(float(m) for m in args.minutes.split(","))
+    done = 0.0
+    for m in minutes:
+        if m == 0:  # the quick build of a fresh database: a model at once
+            row = timed_point(name, graph, module, inputs, os.path.join(folder, "quick.db"), args, args.quick_seconds)
+        else:
+            database = os.path.join(folder, "tuned.db")
+            start = time.time()
+            with open_store(database)[0] as store:
+                results = tune_model(model, store, 10**6, time_budget=(m - done) * 60.0, seed=args.seed)
+            done = m
+            row = timed_point(name, graph, module, inputs, database, args, 0.0)
+            row["tuning_seconds"] = time.time() - start
+            row["trials"] = sum(r.trials for r in results)
+        row["minutes"] = m
+        times = row["timings_ms"]
+        estimate = f"{row['estimated_ms']:.2f} ms" if row["estimated_ms"] is not None else "-"
+        print(f"{name} after {m:g} min: ansor {times['ansor']:.2f} ms (estimate {estimate}), "
+              + ", ".join(f"{k} {v:.2f} ms ({row['paired_ratios'][k]:.2f}x)" for k, v in times.items() if k != "ansor")
+              + f"; {row['untuned']} kernels untuned, built in {row['build_seconds']:.0f} s, "
+              f"max error {row['error']:.1e}", flush=True)
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="resnet18,mobilenet_v2,bert_layer",
@@ -258,15 +339,17 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument("--json", help="append each model's row to this JSON-lines file")
+    parser.add_argument("--minutes", help="the time-to-quality curve at these minutes of tuning (e.g. 0,1,5,10,20)")
     args = parser.parse_args()
     unknown = set(args.models.split(",")) - set(MODEL_NAMES)
     if unknown:
         parser.error(f"unknown model(s) {', '.join(sorted(unknown))}; known: {', '.join(MODEL_NAMES)}")
     for name in args.models.split(","):
-        row = bench(name, args)
+        rows = time_to_quality(name, args) if args.minutes else [bench(name, args)]
         if args.json:
             with open(args.json, "a") as f:
-                f.write(json.dumps(row) + "\n")
+                for row in rows:
+                    f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":
