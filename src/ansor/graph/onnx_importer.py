@@ -403,8 +403,18 @@ def _binary(imp: _OnnxImporter, node: Any) -> None:
     a, b = node.input
     dtype = imp.dtype(a) if a in imp.values or a not in imp.known else imp.dtype(b)
     imp._check_dtype(node, dtype)
-    if node.op_type == "Div" and dtype.startswith("int"):
+    if node.op_type == "Div" and dtype in ("int32", "int64"):
         imp.emit(node, "trunc_div", [_operand(imp, node, name, dtype) for name in (a, b)])
+        return
+    if node.op_type == "Div" and dtype.startswith(("int", "uint")):
+        if dtype == "uint64":
+            imp._unsupported(node, "uint64 operands (past int64's range) of")
+        # narrower integers divide exactly in int64 (no quotient leaves the type's range but
+        # INT_MIN / -1, which wraps back as ONNX's reference does)
+        wide = [imp.graph.add_node("cast", [_operand(imp, node, name, dtype)], {"dtype": "int64"})
+                for name in (a, b)]
+        quotient = imp.graph.add_node("trunc_div", wide, {}, source=f"ONNX Div {node.name!r}")
+        imp.emit(node, "cast", [quotient], dtype=dtype)
         return
     if node.op_type == "Pow" and dtype not in ("float32", "float64"):
         imp._unsupported(node, f"{dtype} base of")
