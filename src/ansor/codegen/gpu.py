@@ -24,6 +24,7 @@ from ansor.codegen.c_like import C_KEYWORDS, CLikePrinter, PreludePiece, _helper
 from ansor.lower import ir
 from ansor.lower.gpu import AXIS, BLOCK_KINDS, THREAD_KINDS, kernels_of
 from ansor.te import expr as E
+from ansor.te.dtypes import HALF_DTYPES
 
 LAUNCH_PREFIX = "// ansor-launch: "
 LONG_FETCH = 16   # a cooperative fetch loop of more steps is long: see _is_long_fetch
@@ -51,9 +52,11 @@ class Dialect:
     types: dict[str, str]
     float_suffix_math: bool       # expf (CUDA) rather than the overloaded exp (OpenCL)
     helper_qualifier: str
+    half_headers: str = ""        # included where a kernel has float16/bfloat16 values; none: refused
 
 
 _CUDA_TYPES = {"float32": "float", "float64": "double", "int32": "int", "int64": "long long", "bool": "bool",
+               "float16": "__half", "bfloat16": "__nv_bfloat16",  # cuda_fp16.h, cuda_bf16.h
                "int8": "signed char", "int16": "short", "uint8": "unsigned char", "uint16": "unsigned short",
                "uint32": "unsigned int", "uint64": "unsigned long long"}
 _OPENCL_TYPES = {"float32": "float", "float64": "double", "int32": "int", "int64": "long", "bool": "uchar",
@@ -77,6 +80,7 @@ CUDA = Dialect(
     types=_CUDA_TYPES,
     float_suffix_math=True,
     helper_qualifier="__device__ __forceinline__",
+    half_headers="#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n",
 )
 
 OPENCL = Dialect(
@@ -183,19 +187,46 @@ class GPUPrinter(CLikePrinter):
         self.names.names.pop(id(func), None)
         self.names.used.discard(self.fname)
         self.kernels = kernels_of(func)
+        self.uses_half = False  # whether the text needs the half-float headers
         for b in func.params:
-            if b.dtype not in self.TYPES:
-                self.half_load(b.dtype, b.name)  # refused by name
+            if b.dtype in HALF_DTYPES:
+                self._half_types(b.dtype)  # refused by name where the dialect has none
         self.fname = ""
         for k in self.kernels:
             self.names(k, k.name)
 
     # --- expressions --------------------------------------------------------------------------
-    def half_load(self, dtype: str, text: str) -> str:
-        raise TypeError(f"{self.dialect.language} kernels of {dtype} are not supported: compute in "
-                        f"float32 on this target (the CPU backend has {dtype})")
+    # float16/bfloat16 values are computed in float, as on the CPU: a load widens, every
+    # operation's float result is rounded to the type (round to nearest even), a store narrows
+    # the rounded value exactly. CUDA has the conversions in cuda_fp16.h and cuda_bf16.h.
+    _WIDEN = {"float16": "__half2float", "bfloat16": "__bfloat162float"}
+    _NARROW = {"float16": "__float2half_rn", "bfloat16": "__float2bfloat16_rn"}
 
-    half_round = half_store = half_load
+    def _half_types(self, dtype: str) -> None:
+        if not self.dialect.half_headers:
+            raise TypeError(f"{self.dialect.language} kernels of {dtype} are not supported: compute in "
+                            f"float32 on this target (the CPU and CUDA backends have {dtype})")
+        self.uses_half = True
+
+    def half_load(self, dtype: str, text: str) -> str:
+        self._half_types(dtype)
+        return f"{self._WIDEN[dtype]}({text})"
+
+    def half_round(self, dtype: str, text: str) -> str:
+        self._half_types(dtype)
+        return f"{self._WIDEN[dtype]}({self._NARROW[dtype]}({text}))"
+
+    def half_store(self, dtype: str, text: str) -> str:
+        self._half_types(dtype)
+        return f"{self._NARROW[dtype]}({text})"
+
+    def cast(self, source: str, dtype: str, text: str) -> str:
+        if source == "float64" and dtype == "float16":  # directly, as numpy rounds a double
+            self._half_types(dtype)
+            return f"__half2float(__double2half({text}))"
+        if source == "float64" and dtype == "bfloat16":  # through float, as ml_dtypes converts
+            return self.half_round(dtype, f"((float){text})")
+        return super().cast(source, dtype, text)
 
     def math_function(self, name: str, dtype: str) -> str:
         if dtype == "float32" and self.dialect.float_suffix_math:
@@ -293,7 +324,8 @@ class GPUPrinter(CLikePrinter):
                                              "buffers": buffers}, separators=(",", ":"))
         uses_double = any(b.dtype == "float64" for b in self.func.params) or "double" in text
         fp64 = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if uses_double and self.dialect is OPENCL else ""
-        return header + "\n" + fp64 + self.dialect.header + self.prelude() + text
+        half = self.dialect.half_headers if self.uses_half else ""
+        return header + "\n" + fp64 + half + self.dialect.header + self.prelude() + text
 
 
 def print_gpu(func: ir.PrimFunc, language: str,

@@ -184,6 +184,12 @@ def _cupy() -> Any:
     return cupy
 
 
+def _device_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype a buffer has on the device: CuPy has no bfloat16, so its bits travel as uint16
+    (the kernel reads them as __nv_bfloat16)."""
+    return np.dtype(np.uint16) if dtype == np.dtype("bfloat16") else dtype
+
+
 class CudaKernel(DeviceKernel):
     """A built CUDA program, called like a CPU `KernelLibrary`: `kernel(*inputs, *outputs)`.
 
@@ -200,13 +206,13 @@ class CudaKernel(DeviceKernel):
         self.entry = entry
         self.module = module or GPUModule.parse(Path(self.path).with_suffix(".cu").read_text())
         raw = cupy.RawModule(path=self.path)
-        self._device = {b.name: cupy.empty(b.shape, dtype=b.np_dtype) for b in self.module.buffers}
+        self._device = {b.name: cupy.empty(b.shape, dtype=_device_dtype(b.np_dtype)) for b in self.module.buffers}
         self._launches = [(raw.get_function(k.name), k.grid, k.block,
                            tuple(self._device[name] for name in k.args)) for k in self.module.kernels]
 
     def _copy_in(self, checked: list[np.ndarray]) -> None:
         for buffer, array in zip(self.module.parameters, checked):
-            self._device[buffer.name].set(array)
+            self._device[buffer.name].set(array.view(_device_dtype(array.dtype)))
 
     def _launch(self) -> None:
         for function, grid, block, args in self._launches:
@@ -217,7 +223,7 @@ class CudaKernel(DeviceKernel):
         checked = self._upload(arrays)
         self._launch()
         for buffer, array in zip(self.module.outputs, checked[len(self.module.inputs):]):
-            self._device[buffer.name].get(out=array)
+            self._device[buffer.name].get(out=array.view(_device_dtype(array.dtype)))
         self._cupy.cuda.get_current_stream().synchronize()
 
     def timed(self, buffers: Sequence[np.ndarray], number: int) -> float:

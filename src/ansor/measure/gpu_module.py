@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy
 import numpy as np
 
 # what `codegen.gpu` writes (the same text: tested); not imported from there, so the measurement
@@ -33,7 +34,8 @@ DTYPES: dict[str, np.dtype] = {
     "int32": np.dtype(np.int32),
     "int64": np.dtype(np.int64),
     "bool": np.dtype(np.bool_),
-    **{name: np.dtype(name) for name in ("int8", "int16", "uint8", "uint16", "uint32", "uint64")},
+    **{name: np.dtype(name) for name in ("int8", "int16", "uint8", "uint16", "uint32", "uint64",
+                                         "float16", "bfloat16")},
 }
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
