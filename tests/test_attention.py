@@ -17,7 +17,8 @@ from ansor.graph.reference import random_inputs, run_graph
 from ansor.kernel import compile_state
 from ansor.schedule.state import State
 from ansor.search.params import SearchParams
-from ansor.search.template import annotate_template
+from ansor.schedule.steps import SplitStep
+from ansor.search.template import annotate_template, template_sketch
 from ansor.te.attention import attention
 
 
@@ -39,12 +40,21 @@ def numpy_attention(q, k, v, mask=None, lengths=None, scale=None, causal=False):
 
 def _programs(task: ansor.Task, n: int, seed: int) -> list[State]:
     """The default program and `n` drawn by the template's annotation."""
-    sketch = State(task.dag)
-    for axis in ("i", "e", "j"):
-        sketch.split(len(task.dag.tensors) - 1, axis, [None])
+    sketch = template_sketch(State(task.dag), len(task.dag.tensors) - 1)
     rng = random.Random(seed)
     drawn = [annotate_template(sketch.steps, task.dag, rng, SearchParams(), 16) for _ in range(n)]
     return [State(task.dag)] + drawn
+
+
+def _with_knobs(task: ansor.Task, query_tile: int, query_rows: int, chunk: int, key_tile: int,
+                key_rows: int) -> State:
+    """The program with the given knobs (the product of a split is its tile, the inner length its
+    register block), whether or not the annotation would draw them."""
+    sketch = template_sketch(State(task.dag), len(task.dag.tensors) - 1)
+    lengths = [(query_tile // query_rows, query_rows), (chunk,), (key_tile // key_rows, key_rows)]
+    steps = [SplitStep(s.stage_id, s.iter_id, s.extent, lengths[n], s.inner_to_outer)
+             for n, s in enumerate(sketch.steps)]
+    return State.replay(task.dag, steps)
 
 
 CASES = [  # batch, heads, kv heads, Lq, Lk, D, mask, causal
@@ -58,15 +68,17 @@ CASES = [  # batch, heads, kv heads, Lq, Lk, D, mask, causal
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
-def test_attention_kernel_matches_numpy(case):
-    b, h, hkv, lq, lk, d, mask, causal = case
+def _case(b, h, hkv, lq, lk, d, mask, causal, dv=None):
+    """(task, input arrays, numpy's output) of one attention case."""
     q = te.placeholder((b, h, lq, d), name="q")
     k = te.placeholder((b, hkv, lk, d), name="k")
-    v = te.placeholder((b, hkv, lk, d), name="v")
+    v = te.placeholder((b, hkv, lk, dv or d), name="v")
     extra, args = None, {}
     if mask == "additive":
         extra = te.placeholder((1, h, lq, lk), name="m")
+        args["mask"] = extra
+    if mask == "padding":  # a [batch, 1, 1, keys] mask, as BERT's, broadcast over heads and queries
+        extra = te.placeholder((b, 1, 1, lk), name="m")
         args["mask"] = extra
     if mask == "lengths":
         extra = te.placeholder((b,), "int32", name="n")
@@ -76,18 +88,60 @@ def test_attention_kernel_matches_numpy(case):
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal(t.shape).astype(np.float32) for t in (q, k, v)]
     ref_args = {}
-    if mask == "additive":
+    if mask in ("additive", "padding"):
         arrays.append(rng.standard_normal(extra.shape).astype(np.float32))
         ref_args["mask"] = arrays[-1]
     if mask == "lengths":
         arrays.append(rng.integers(1, lk + 1, b).astype(np.int32))
         ref_args["lengths"] = arrays[-1]
-    expected = numpy_attention(*arrays[:3], causal=causal, **ref_args)
+    return task, arrays, numpy_attention(*arrays[:3], causal=causal, **ref_args)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_attention_kernel_matches_numpy(case):
+    task, arrays, expected = _case(*case)
     np.testing.assert_allclose(task.reference_outputs(arrays)[0], expected, rtol=1e-4, atol=1e-5)
-    for state in _programs(task, 2, seed=len(CASES) * lq + lk):
+    for state in _programs(task, 2, seed=len(CASES) * case[3] + case[4]):
         kernel = compile_state(task, state)
         np.testing.assert_allclose(kernel(*arrays), expected, rtol=1e-4, atol=1e-5,
                                    err_msg=f"knobs {state.steps}")
+
+
+KNOB_CASES = [  # (case as in CASES, value columns), (query tile, its rows, chunk, key tile, its rows)
+    # tiles that do not divide the sequence: a ragged last query tile, a shorter last key tile
+    (((1, 2, 2, 50, 45, 32, "none", False), 48), (48, 6, 16, 32, 8)),
+    # blocks that do not divide their tile (query rows 5 of 32: remainder block of 2; key rows
+    # 7 of 28: none) and query tiles that are not a multiple of the vector lanes
+    (((1, 2, 1, 37, 40, 16, "additive", True), 32), (35, 5, 32, 28, 7)),
+    (((2, 4, 2, 23, 64, 64, "lengths", True), 64), (16, 16, 64, 64, 64)),
+    # one query tile wider than a register block can hold (plain loops), a padding mask
+    (((2, 3, 3, 19, 30, 16, "padding", False), 16), (19, 19, 16, 30, 30)),
+    (((1, 1, 1, 1, 77, 64, "none", True), 64), (1, 1, 64, 16, 4)),  # a single query (decoding)
+]
+
+
+@pytest.mark.parametrize("case,knobs", KNOB_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_attention_knobs_with_remainders_match_numpy(case, knobs):
+    shape, dv = case
+    task, arrays, expected = _case(*shape, dv=dv)
+    state = _with_knobs(task, *knobs)
+    kernel = compile_state(task, state)
+    np.testing.assert_allclose(kernel(*arrays), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_attention_products_run_as_register_tiles():
+    """On a CPU with 32 registers of 16 floats both products of a tile keep their accumulator
+    blocks in registers: the scores (keys x queries over the head dimension) and the weighted
+    sum (queries x value columns over the keys); knobs whose blocks do not fit run as loops."""
+    from ansor.backend.cpu import generate_c
+    from ansor.lower.lower import lower
+
+    q, k, v = (te.placeholder((1, 2, 96, 64), name=n) for n in "qkv")
+    task = ansor.Task([q, k, v, attention(q, k, v)])
+    source, _ = generate_c(lower(_with_knobs(task, 48, 6, 64, 64, 8)), vector_bytes=64, vector_registers=32)
+    assert "register tile: scores_t in 24 " in source and "register tile: tile_out in 24 " in source
+    source, _ = generate_c(lower(_with_knobs(task, 48, 12, 64, 64, 16)), vector_bytes=64, vector_registers=32)
+    assert "register tile" not in source
 
 
 def test_attention_program_never_stores_the_score_matrix():

@@ -3,26 +3,35 @@ computed online over tiles of keys, written from the template stage's knobs.
 
 `te.attention` declares what attention computes; this module writes how, as ordinary loop IR
 (so the C printer, the lowering passes and the cost model's features see a program like any
-other). One parallel loop runs over batch x heads x query tiles; each iteration keeps, for its
-QT queries, the running maximum `m`, the running sum `l` and the accumulator `acc` [QT, Dv]
-in local buffers, and walks the keys in tiles of KT:
+other). One parallel loop runs over batch x heads x query tiles of QT queries. The queries of
+a tile are the vector lanes of everything but the weighted sum: the tile's queries are copied
+once, transposed and pre-scaled, to `q_t [D, QT]`, and for each tile of KT keys
 
-    kT  = K tile, transposed [D, KT]                  (so the scores' inner loop is contiguous)
-    s   = q_tile @ kT * scale (+ mask; masked: -inf)   [QT, KT], the only scores ever stored
-    mx  = max(m, rowmax(s));  s = exp(s - mx);  corr = exp(m - mx)
-    l   = l * corr + rowsum(s);  acc *= corr;  acc += s @ V tile;  m = mx
-    out = acc / l
+    s_t[KT, QT]  = K tile @ q_t                        (keys x queries: scores, transposed)
+    (masked: -inf)                                     only on tiles a mask reaches
+    new_max[q]   = max(row_max[q], max over keys of s_t[:, q])
+    s_t          = exp(s_t - new_max);  corr = exp(row_max - new_max)
+    row_sum      = row_sum * corr + sum over keys of s_t
+    o[QT, Dv]    = s_t^T @ V tile;  acc = acc * corr + o
+    out          = acc / row_sum
 
-Tiles that a causal mask or the padding lengths hide entirely (above the diagonal, past the
-sequence's length) are skipped. The knobs, all search parameters: the query tile QT, the key
-tile KT, the vector chunk W of the value accumulation (the loop over W columns of `acc` runs
-innermost and vectorized, the key loop around it, so a chunk of the accumulator stays in
-registers across the keys), and the auto-unroll limit applied to the small inner nests.
+so the row statistics, the exponentials and the masks are vector operations across queries,
+and the two products are accumulator nests in the shape the CPU's register-tile pass
+(`lower.register_tile`) keeps in vector registers: the scores as blocks of RK keys x QT
+queries over the head dimension (a key element broadcast, a `q_t` row loaded), the weighted
+sum as blocks of RQ queries x W value columns over the tile's keys (a probability broadcast, a
+value row loaded). The full score matrix is never stored. Key tiles that a causal mask or the
+padding lengths hide entirely are skipped; the last, shorter key tile and the last blocks of a
+tile are written with their own extents, so no key or query outside the tensors is read.
+
+The knobs, all search parameters (`search.template`): the query tile QT as RQ-query blocks,
+the key tile KT as RK-key blocks, and the value columns W of a weighted-sum block.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ansor.lower import ir
@@ -35,17 +44,21 @@ from ansor.te.tensor import ComputeOp
 
 @dataclass(frozen=True)
 class AttentionKnobs:
-    """The tunable choices of one attention program."""
+    """The tunable choices of one attention program (each clipped to its axis when lowered)."""
 
-    query_tile: int
-    key_tile: int
-    vector: int
-    unroll: int
+    query_tile: int   # QT: queries per parallel task, the lanes of the scores and statistics
+    key_tile: int     # KT: keys whose scores are held at once
+    key_rows: int     # RK: keys per register block of the scores product
+    query_rows: int   # RQ: queries per register block of the weighted sum
+    value_chunk: int  # W: value columns per register block of the weighted sum
 
 
-#: The program of a template stage without steps (the default schedule): knobs that are sound
-#: everywhere; a vector chunk that does not divide the value columns falls back to 1.
-DEFAULT_KNOBS = AttentionKnobs(query_tile=8, key_tile=64, vector=16, unroll=0)
+#: The program of a template stage without steps (the default schedule): register blocks of
+#: 8 keys x 48 queries for the scores and 6 queries x 64 value columns for the weighted sum,
+#: 24 accumulators each, which fit 32 AVX-512 registers with their operands (with fewer
+#: registers the blocks run as loops); a chunk that does not divide the value columns
+#: falls back to all of them.
+DEFAULT_KNOBS = AttentionKnobs(query_tile=48, key_tile=48, key_rows=8, query_rows=6, value_chunk=64)
 
 
 def template_stage(state: State) -> int | None:
@@ -57,15 +70,26 @@ def template_stage(state: State) -> int | None:
 
 
 def knobs_of(state: State, sid: int) -> AttentionKnobs:
-    """The knobs as the template's sketch holds them: the inner lengths of its splits of the
-    query axis (i), the key axis (j) and the value columns (e), and its unroll pragma."""
+    """The knobs as the template's sketch holds them: its split of the query axis i into
+    (blocks, RQ) with QT their product, of the key axis j into (blocks, RK) with KT their
+    product, and of the value columns e into (W,)."""
     stage = state.stages[sid]
-    inner: dict[str, int] = {}
+    factors: dict[str, tuple[int, ...]] = {}
     for rel in stage.relations:
-        if isinstance(rel, Split) and len(rel.factors) == 1 and rel.factors[0] is not None:
-            inner[rel.parent] = int(rel.factors[0])
-    return AttentionKnobs(inner.get("i", DEFAULT_KNOBS.query_tile), inner.get("j", DEFAULT_KNOBS.key_tile),
-                          inner.get("e", DEFAULT_KNOBS.vector), stage.auto_unroll_max_step)
+        if isinstance(rel, Split) and all(f is not None for f in rel.factors):
+            factors[rel.parent] = tuple(int(f) for f in rel.factors)
+    d = DEFAULT_KNOBS
+    qt, rq = _tile(factors.get("i"), d.query_tile, d.query_rows)
+    kt, rk = _tile(factors.get("j"), d.key_tile, d.key_rows)
+    w = factors["e"][-1] if "e" in factors else d.value_chunk
+    return AttentionKnobs(qt, kt, rk, rq, w)
+
+
+def _tile(factors: tuple[int, ...] | None, tile: int, rows: int) -> tuple[int, int]:
+    """(tile, rows per block) from a split's factors (outer to inner), or the defaults."""
+    if not factors:
+        return tile, rows
+    return math.prod(factors), factors[-1]
 
 
 def lower_attention(state: State, name: str = "kernel") -> ir.PrimFunc:
@@ -103,199 +127,220 @@ class _Reads:
         return E.transform(body, lambda n: self(n.tensor, n.indices) if isinstance(n, E.TensorRead) else None)
 
 
+def _i(value: int) -> E.Expr:
+    return E.const(value, "int32")
+
+
+def _loop(name: str, extent: int, body, kind: str = "serial") -> ir.Stmt:
+    var = E.Var(name)
+    return ir.For(var, extent, kind, body(var) if callable(body) else body)
+
+
+def _blocks(rows: int, block: int, nest: Callable[[E.Expr, E.Var, int], ir.Stmt]) -> ir.Stmt:
+    """`rows` rows in blocks of `block`: `nest(first row, block variable, rows in block)` under
+    a loop over the full blocks, then once more for the remainder. The block loop comes first
+    (and a one-iteration loop stands for it around the remainder) so that the register-tile
+    pass sees the accumulator block it selects as the tile kept in registers."""
+    full, rest = divmod(rows, block)
+    out = []
+    if full:
+        out.append(_loop("blk", full, lambda b: nest(b * _i(block), b, block)))
+    if rest:
+        out.append(_loop("rest", 1, lambda b: nest(_i(full * block) + b * _i(rest), b, rest)))
+    return ir.seq(out)
+
+
 class _Writer:
     """Writes the loop nest of one attention program."""
 
     def __init__(self, parts: AttentionParts, knobs: AttentionKnobs, buffers: dict):
-        self.p, self.k = parts, knobs
+        self.p = parts
         self.read = _Reads(buffers)
         self.out_buf = buffers[id(parts.output)]
         self.dtype = parts.q.dtype
-        b, h, self.lq, self.d = parts.q.shape
+        self.batch, self.heads, self.lq, self.d = parts.q.shape
         self.lk, self.dv = parts.k.shape[2], parts.v.shape[3]
-        self.batch, self.heads = b, h
-        self.qt = min(knobs.query_tile, self.lq)
-        self.kt = min(knobs.key_tile, self.lk)
-        self.w = knobs.vector if self.dv % knobs.vector == 0 else 1
+        self.qt = max(1, min(knobs.query_tile, self.lq))
+        self.kt = max(1, min(knobs.key_tile, self.lk))
+        self.rq = max(1, min(knobs.query_rows, self.qt))
+        self.rk = max(1, min(knobs.key_rows, self.kt))
+        self.w = knobs.value_chunk if 0 < knobs.value_chunk <= self.dv and self.dv % knobs.value_chunk == 0 \
+            else self.dv
         self.n_q = -(-self.lq // self.qt)
-        self.n_k = -(-self.lk // self.kt)
 
-    # -- helpers ------------------------------------------------------------------------------
     def c(self, value: float) -> E.Expr:
         return E.const(value, self.dtype)
 
-    @staticmethod
-    def i(value: int) -> E.Expr:
-        return E.const(value, "int32")
-
-    @staticmethod
-    def loop(name: str, extent: int, body: ir.Stmt, kind: str = "serial") -> ir.Stmt:
-        var = E.Var(name)
-        return ir.For(var, extent, kind, body(var) if callable(body) else body)
-
     # -- the program ----------------------------------------------------------------------------
     def program(self) -> ir.Stmt:
-        qt, kt, d, dv = self.qt, self.kt, self.d, self.dv
-        m = ir.Buffer("row_max", (qt,), self.dtype, "local")
-        l_ = ir.Buffer("row_sum", (qt,), self.dtype, "local")
-        mx = ir.Buffer("new_max", (qt,), self.dtype, "local")
-        acc = ir.Buffer("acc", (qt, dv), self.dtype, "local")
-        s = ir.Buffer("scores", (qt, kt), self.dtype, "local")
-        kT = ir.Buffer("keys_t", (d, kt), self.dtype, "local")
-        self.m, self.l, self.mx, self.acc, self.s, self.kT = m, l_, mx, acc, s, kT
+        qt, dt = self.qt, self.dtype
+        self.q_t = ir.Buffer("q_t", (self.d, qt), dt, "local")
+        self.m = ir.Buffer("row_max", (qt,), dt, "local")
+        self.l = ir.Buffer("row_sum", (qt,), dt, "local")
+        self.acc = ir.Buffer("acc", (qt, self.dv), dt, "local")
         task = E.Var("task")
-        n = task // self.i(self.heads * self.n_q)
-        h = (task // self.i(self.n_q)) % self.i(self.heads)
-        qtile = task % self.i(self.n_q)
-        q0 = qtile * self.i(qt)
-        self.n, self.h, self.hk, self.q0 = n, h, h // self.i(self.p.group), q0
+        self.n = task // _i(self.heads * self.n_q)
+        self.h = (task // _i(self.n_q)) % _i(self.heads)
+        self.hk = self.h // _i(self.p.group)
+        self.q0 = (task % _i(self.n_q)) * _i(qt)
         init = ir.seq([
-            self.loop("qi", qt, lambda qi: ir.seq([ir.Store(m, (qi,), self.c(-math.inf)),
-                                                   ir.Store(l_, (qi,), self.c(0.0))])),
-            self.loop("qi", qt, lambda qi: self.loop(
-                "e", dv, lambda e: ir.Store(acc, (qi, e), self.c(0.0)), "vectorized")),
+            self.load_queries(),
+            _loop("qi", qt, lambda qi: ir.seq([ir.Store(self.m, (qi,), self.c(-math.inf)),
+                                               ir.Store(self.l, (qi,), self.c(0.0))]), "vectorized"),
+            _loop("qi", qt, lambda qi: _loop(
+                "e", self.dv, lambda e: ir.Store(self.acc, (qi, e), self.c(0.0)), "vectorized")),
         ])
-        tiles = self.loop("kt", self.n_k, self.key_tile)
-        body = ir.seq([init, tiles, self.write_out()])
-        for buf in (kT, s, acc, mx, l_, m):
+        full, rest = divmod(self.lk, self.kt)
+        tiles = []
+        if full:
+            tiles.append(_loop("kt", full, lambda t: self.key_tile(t * _i(self.kt), self.kt)))
+        if rest:
+            tiles.append(self.key_tile(_i(full * self.kt), rest))
+        body = ir.seq([init, *tiles, self.write_out()])
+        for buf in (self.acc, self.l, self.m, self.q_t):
             body = ir.Allocate(buf, body)
         return ir.For(task, self.batch * self.heads * self.n_q, "parallel", body)
 
-    def key_tile(self, ktile: E.Var) -> ir.Stmt:
-        k0 = ktile * self.i(self.kt)
-        body = ir.seq([self.transpose_keys(k0), self.scores(k0), self.online_softmax(), self.accumulate(k0)])
-        _mark_unroll(body, self.k.unroll)
+    def query_row(self, qi: E.Expr) -> E.Expr:
+        """The query row of tile position `qi`; past the last query (a ragged last tile) row 0,
+        whose results are never stored."""
+        i = self.q0 + qi
+        if self.lq % self.qt == 0:
+            return i
+        return E.if_then_else(E.compare("<", i, _i(self.lq)), i, _i(0))
+
+    def load_queries(self) -> ir.Stmt:
+        """q_t[d, qi] = q[n, h, q0 + qi, d] * scale: scaled once here, not per score."""
+        return _loop("qi", self.qt, lambda qi: _loop("dd", self.d, lambda dd: ir.Store(
+            self.q_t, (dd, qi), self.read(self.p.q, (self.n, self.h, self.query_row(qi), dd)) * self.c(self.p.scale))))
+
+    def key_tile(self, k0: E.Expr, keys: int) -> ir.Stmt:
+        """One tile of `keys` keys from key k0, skipped where every key of it is masked."""
+        qt, dt = self.qt, self.dtype
+        s_t = ir.Buffer("scores_t", (keys, qt), dt, "local")
+        new_max = ir.Buffer("new_max", (qt,), dt, "local")
+        corr = ir.Buffer("correction", (qt,), dt, "local")
+        o = ir.Buffer("tile_out", (qt, self.dv), dt, "local")
+        self.s_t, self.new_max, self.corr, self.o = s_t, new_max, corr, o
+        weighted = ir.Allocate(o, ir.seq([
+            _loop("qi", qt, lambda qi: _loop("e", self.dv, lambda e: ir.Store(o, (qi, e), self.c(0.0)), "vectorized")),
+            self.weighted_sum(k0, keys),
+            _loop("qi", qt, lambda qi: _loop("e", self.dv, lambda e: ir.Store(
+                self.acc, (qi, e),
+                ir.BufferLoad(self.acc, (qi, e)) * ir.BufferLoad(corr, (qi,)) + ir.BufferLoad(o, (qi, e))),
+                "vectorized")),
+        ]))
+        body = ir.Allocate(s_t, ir.seq([
+            _loop("ki", keys, lambda ki: _loop("qi", qt, lambda qi: ir.Store(s_t, (ki, qi), self.c(0.0)),
+                                               "vectorized")),
+            self.scores(k0, keys),
+            self.mask(k0, keys),
+            ir.Allocate(new_max, ir.Allocate(corr, ir.seq([self.online_softmax(keys), weighted]))),
+        ]))
         visible = []
         if self.p.causal:  # the tile's first key is not after the tile's last query
-            visible.append(E.compare("<=", k0, self.q0 + self.i(self.qt - 1)))
+            visible.append(E.compare("<=", k0, self.q0 + _i(qt - 1)))
         if self.p.lengths is not None:
-            visible.append(E.compare("<", k0, E.cast(self.read(self.p.lengths, (self.n,)), "int32")))
-        if not visible:
-            return body
-        cond = visible[0] if len(visible) == 1 else visible[0] & visible[1]
-        return ir.IfThenElse(cond, body)
+            visible.append(E.compare("<", k0, self.length()))
+        cond = E.all_of(visible)
+        return body if cond is None else ir.IfThenElse(cond, body)
 
-    def transpose_keys(self, k0: E.Expr) -> ir.Stmt:
-        """kT[d, ki] = K[n, hk, k0 + ki, d], zero past the last key."""
-        def row(ki):
-            j = k0 + ki
-            load = lambda dd: self.read(self.p.k, (self.n, self.hk, j, dd))  # noqa: E731
-            copy = self.loop("dd", self.d, lambda dd: ir.Store(self.kT, (dd, ki), load(dd)))
-            if self.lk % self.kt == 0:
-                return copy
-            zero = self.loop("dd", self.d, lambda dd: ir.Store(self.kT, (dd, ki), self.c(0.0)))
-            return ir.IfThenElse(E.compare("<", j, self.i(self.lk)), copy, zero)
-        return self.loop("ki", self.kt, row)
+    def length(self) -> E.Expr:
+        return E.cast(self.read(self.p.lengths, (self.n,)), "int32")
 
-    def scores(self, k0: E.Expr) -> ir.Stmt:
-        """s = q_tile @ kT, then scaled and masked. A query past the last one (a ragged last
-        tile) reads row 0 and a key past the last one key 0: their scores are never used."""
-        def row(qi):
-            i = self.q0 + qi
-            i_safe = self.clamped(i, self.lq, self.qt)
-            zero = self.loop("ki", self.kt, lambda ki: ir.Store(self.s, (qi, ki), self.c(0.0)), "vectorized")
+    def scores(self, k0: E.Expr, keys: int) -> ir.Stmt:
+        """s_t[ki, qi] += K[k0 + ki, d] * q_t[d, qi], in blocks of RK keys: for each block the
+        loop over d runs inside, so its RK x QT accumulators stay in registers."""
+        def block(first, _b, rows):
+            return _loop("dd", self.d, lambda dd: _loop("r", rows, lambda r: _loop("qi", self.qt, lambda qi: ir.Store(
+                self.s_t, (first + r, qi),
+                ir.BufferLoad(self.s_t, (first + r, qi))
+                + self.read(self.p.k, (self.n, self.hk, k0 + first + r, dd)) * ir.BufferLoad(self.q_t, (dd, qi))),
+                "vectorized")))
+        return _blocks(keys, self.rk, block)
 
-            def step(dd):
-                qd = self.read(self.p.q, (self.n, self.h, i_safe, dd))
-                return self.loop("ki", self.kt, lambda ki: ir.Store(
-                    self.s, (qi, ki), ir.BufferLoad(self.s, (qi, ki)) + qd * ir.BufferLoad(self.kT, (dd, ki))),
-                    "vectorized")
-            finish = self.loop("ki", self.kt, lambda ki: ir.Store(
-                self.s, (qi, ki), self.masked(qi, ki, i, k0 + ki, i_safe, self.clamped(k0 + ki, self.lk, self.kt))))
-            return ir.seq([zero, self.loop("dd", self.d, step), finish])
-        return self.loop("qi", self.qt, row)
-
-    def clamped(self, x: E.Expr, extent: int, tile: int) -> E.Expr:
-        """x, or 0 where it is past `extent` (only a ragged last tile gets there)."""
-        if extent % tile == 0:
-            return x
-        return E.if_then_else(E.compare("<", x, self.i(extent)), x, self.i(0))
-
-    def masked(self, qi: E.Expr, ki: E.Expr, i: E.Expr, j: E.Expr, i_safe: E.Expr, j_safe: E.Expr) -> E.Expr:
-        value = ir.BufferLoad(self.s, (qi, ki)) * self.c(self.p.scale)
-        if self.p.mask is not None:
-            mshape = self.p.mask.shape
-            full = (self.n, self.h, i_safe, j_safe)[4 - len(mshape):]
-            value = value + self.read(self.p.mask, tuple(self.i(0) if size == 1 else x
-                                                         for size, x in zip(mshape, full)))
-        keep = [E.compare("<", j, self.i(self.lk))] if self.lk % self.kt else []
-        if self.p.lengths is not None:
-            keep.append(E.compare("<", j, E.cast(self.read(self.p.lengths, (self.n,)), "int32")))
+    def mask(self, k0: E.Expr, keys: int) -> ir.Stmt | None:
+        """The additive mask added and masked keys set to -inf. The causal and padding masks
+        are only applied on tiles they reach (the diagonal, the sequence's end)."""
+        keep, reaches = [], []
         if self.p.causal:
-            keep.append(E.compare("<=", j, i))
-        if not keep:
-            return value
-        cond = keep[0]
-        for extra in keep[1:]:
-            cond = cond & extra
-        return E.if_then_else(cond, value, self.c(-math.inf))
+            reaches.append(E.compare(">", k0 + _i(keys - 1), self.q0))
+        if self.p.lengths is not None:
+            reaches.append(E.compare(">", k0 + _i(keys), self.length()))
+        if self.p.mask is None and not reaches:
+            return None
 
-    def online_softmax(self) -> ir.Stmt:
-        """Per query row: the new maximum, the tile's exponentials, the running sum and the
-        accumulator rescaled by exp(old max - new max). While a row has seen only masked keys
+        def value(ki, qi):
+            j, i = k0 + ki, self.q0 + qi
+            v = ir.BufferLoad(self.s_t, (ki, qi))
+            if self.p.mask is not None:
+                shape = self.p.mask.shape
+                full = (self.n, self.h, self.query_row(qi), j)[4 - len(shape):]
+                v = v + self.read(self.p.mask, tuple(_i(0) if size == 1 else x for size, x in zip(shape, full)))
+            conds = []
+            if self.p.lengths is not None:
+                conds.append(E.compare("<", j, self.length()))
+            if self.p.causal:
+                conds.append(E.compare("<=", j, i))
+            cond = E.all_of(conds)
+            return v if cond is None else E.if_then_else(cond, v, self.c(-math.inf))
+
+        masked = _loop("ki", keys, lambda ki: _loop("qi", self.qt, lambda qi: ir.Store(
+            self.s_t, (ki, qi), value(ki, qi)), "vectorized"))
+        if self.p.mask is not None:
+            return masked
+        return ir.IfThenElse(reaches[0] if len(reaches) == 1 else reaches[0] | reaches[1], masked)
+
+    def online_softmax(self, keys: int) -> ir.Stmt:
+        """Per query (vector lanes): the new maximum, the correction exp(old max - new max),
+        the tile's exponentials and the running sum. While a query has seen only masked keys
         its maximum is -inf; exponentials are then taken against 0 so they stay 0, not NaN."""
-        s, m, mx, l_, acc = self.s, self.m, self.mx, self.l, self.acc
+        s_t, m, mx, corr, l_ = self.s_t, self.m, self.new_max, self.corr, self.l
+        qt = self.qt
 
-        def row(qi):
-            new_max = ir.BufferLoad(mx, (qi,))
-            finite = E.if_then_else(E.compare("==", new_max, self.c(-math.inf)), self.c(0.0), new_max)
-            return ir.seq([
-                ir.Store(mx, (qi,), ir.BufferLoad(m, (qi,))),
-                self.loop("ki", self.kt, lambda ki: ir.Store(
-                    mx, (qi,), E.maximum(ir.BufferLoad(mx, (qi,)), ir.BufferLoad(s, (qi, ki))))),
-                self.loop("ki", self.kt, lambda ki: ir.Store(
-                    s, (qi, ki), E.exp(ir.BufferLoad(s, (qi, ki)) - finite)), "vectorized"),
-                ir.Store(m, (qi,), E.exp(ir.BufferLoad(m, (qi,)) - finite)),  # m holds the correction now
-                ir.Store(l_, (qi,), ir.BufferLoad(l_, (qi,)) * ir.BufferLoad(m, (qi,))),
-                self.loop("ki", self.kt, lambda ki: ir.Store(
-                    l_, (qi,), ir.BufferLoad(l_, (qi,)) + ir.BufferLoad(s, (qi, ki)))),
-                self.loop("e", self.dv, lambda e: ir.Store(
-                    acc, (qi, e), ir.BufferLoad(acc, (qi, e)) * ir.BufferLoad(m, (qi,))), "vectorized"),
-                ir.Store(m, (qi,), new_max),
-            ])
-        return self.loop("qi", self.qt, row)
+        def finite(x):
+            return E.if_then_else(E.compare("==", x, self.c(-math.inf)), self.c(0.0), x)
 
-    def accumulate(self, k0: E.Expr) -> ir.Stmt:
-        """acc += s @ V tile, W columns of acc at a time across the tile's keys."""
-        w, last = self.w, min(self.kt, self.lk)
+        def ld(buf, *idx):
+            return ir.BufferLoad(buf, idx)
+        return ir.seq([
+            _loop("qi", qt, lambda qi: ir.Store(mx, (qi,), ld(m, qi)), "vectorized"),
+            _loop("ki", keys, lambda ki: _loop("qi", qt, lambda qi: ir.Store(
+                mx, (qi,), E.maximum(ld(mx, qi), ld(s_t, ki, qi))), "vectorized")),
+            _loop("qi", qt, lambda qi: ir.seq([
+                ir.Store(corr, (qi,), E.exp(ld(m, qi) - finite(ld(mx, qi)))),
+                ir.Store(l_, (qi,), ld(l_, qi) * ld(corr, qi)),
+                ir.Store(m, (qi,), ld(mx, qi)),
+                ir.Store(mx, (qi,), finite(ld(mx, qi))),  # the offset the exponentials take
+            ]), "vectorized"),
+            _loop("ki", keys, lambda ki: _loop("qi", qt, lambda qi: ir.Store(
+                s_t, (ki, qi), E.exp(ld(s_t, ki, qi) - ld(mx, qi))), "vectorized")),
+            _loop("ki", keys, lambda ki: _loop("qi", qt, lambda qi: ir.Store(
+                l_, (qi,), ld(l_, qi) + ld(s_t, ki, qi)), "vectorized")),
+        ])
 
-        def chunk(qi, ec):
-            def key(ki):
-                j = k0 + ki
-                update = self.loop("e", w, lambda e: ir.Store(
-                    self.acc, (qi, ec * self.i(w) + e),
-                    ir.BufferLoad(self.acc, (qi, ec * self.i(w) + e))
-                    + ir.BufferLoad(self.s, (qi, ki)) * self.read(self.p.v, (self.n, self.hk, j, ec * self.i(w) + e))),
-                    "vectorized")
-                if self.lk % self.kt == 0:
-                    return update
-                return ir.IfThenElse(E.compare("<", j, self.i(self.lk)), update)
-            return self.loop("ki", last, key)
-        return self.loop("qi", self.qt, lambda qi: self.loop("ec", self.dv // w, lambda ec: chunk(qi, ec)))
+    def weighted_sum(self, k0: E.Expr, keys: int) -> ir.Stmt:
+        """o[qi, e] += s_t[ki, qi] * V[k0 + ki, e], in blocks of RQ queries x W columns with the
+        loop over the tile's keys inside."""
+        w = self.w
+
+        def block(first, _b, rows):
+            def chunk(ec):
+                return _loop("ki", keys, lambda ki: _loop("r", rows, lambda r: _loop("e", w, lambda e: ir.Store(
+                    self.o, (first + r, ec * _i(w) + e),
+                    ir.BufferLoad(self.o, (first + r, ec * _i(w) + e))
+                    + ir.BufferLoad(self.s_t, (ki, first + r))
+                    * self.read(self.p.v, (self.n, self.hk, k0 + ki, ec * _i(w) + e))), "vectorized")))
+            return _loop("ec", self.dv // w, chunk)
+        return _blocks(self.qt, self.rq, block)
 
     def write_out(self) -> ir.Stmt:
         def row(qi):
             i = self.q0 + qi
-            store = self.loop("e", self.dv, lambda e: ir.Store(
+            store = _loop("e", self.dv, lambda e: ir.Store(
                 self.out_buf, (self.n, self.h, i, e),
                 ir.BufferLoad(self.acc, (qi, e)) / ir.BufferLoad(self.l, (qi,))), "vectorized")
             if self.lq % self.qt == 0:
                 return store
-            return ir.IfThenElse(E.compare("<", i, self.i(self.lq)), store)
-        return self.loop("qi", self.qt, row)
-
-
-def _mark_unroll(stmt: ir.Stmt, max_step: int) -> int:
-    """Mark serial loops whose whole nest runs at most `max_step` iterations for unrolling (the
-    auto-unroll pragma of ordinary stages); returns the nest's iteration count."""
-    if isinstance(stmt, ir.For):
-        total = stmt.extent * _mark_unroll(stmt.body, max_step)
-        if total <= max_step and stmt.kind == "serial":
-            stmt.unroll_hint = True
-        return total
-    if isinstance(stmt, ir.Seq):
-        return max([_mark_unroll(s, max_step) for s in stmt.stmts] or [1])
-    if isinstance(stmt, ir.IfThenElse):
-        return max(_mark_unroll(stmt.then, max_step),
-                   _mark_unroll(stmt.orelse, max_step) if stmt.orelse is not None else 1)
-    return 1
+            return ir.IfThenElse(E.compare("<", i, _i(self.lq)), store)
+        return _loop("qi", self.qt, row)

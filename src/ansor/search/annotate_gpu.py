@@ -31,6 +31,7 @@ from ansor.schedule.state import ScheduleError, State
 from ansor.schedule.steps import AnnotateStep, SplitStep
 from ansor.search.annotate import annotate, annotate_unroll, register_level_splits, sample_factors
 from ansor.search.params import SearchParams
+from ansor.search.sketch_gemm import annotate_gemm, is_gemm_sketch
 from ansor.search.template import annotate_template, template_stage_of
 
 THREAD_COUNTS = (32, 64, 128, 256, 512, 1024)  # block sizes an untiled stage draws from
@@ -76,6 +77,8 @@ def annotate_gpu(sketch_steps: list, dag, rng: random.Random, params: SearchPara
     `MAX_VALID_TRIES` draws all turned out illegal. Each draw is lowered and checked against
     the block's limits (shared memory depends on the tiles of every stage together: about two
     thirds of a convolution's unchecked draws overflowed it)."""
+    if is_gemm_sketch(sketch_steps):  # a template's knobs (search/sketch_gemm.py)
+        return annotate_gemm(sketch_steps, dag, rng, params, hw.limits)
     names = step_stage_names(dag, tuple(sketch_steps))
     for _ in range(MAX_VALID_TRIES):
         try:
@@ -224,5 +227,5 @@ def annotate_program(sketch_steps: list, dag, rng: random.Random, params: Search
     if isinstance(hardware, GPUHardware):
         return annotate_gpu(sketch_steps, dag, rng, params, hardware)
     if template_stage_of(dag) is not None:  # a template's knobs, not loop annotations
-        return annotate_template(sketch_steps, dag, rng, params, hardware[1])
+        return annotate_template(sketch_steps, dag, rng, params, hardware[1], hardware[2])
     return annotate(sketch_steps, dag, rng, params, *hardware)
