@@ -31,6 +31,9 @@ from ansor.te.ops import softmax
 from ansor.te.tensor import ComputeOp, Tensor, compute, reduce_axis
 
 TEMPLATE = "attention"
+#: The revision of the program `lower.attention` writes from the knobs: part of the workload
+#: key, so records of an earlier program's knobs are never replayed as this one's.
+PROGRAM_REVISION = 2
 MASK_KINDS = ("none", "additive", "lengths")
 
 
@@ -63,7 +66,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, lengt
     p = softmax(compute((b, h, lq, lk), masked, name=f"{name}_masked", tag="elemwise"), axis=-1,
                 name=f"{name}_softmax")
     rj = reduce_axis(lk, "j")
-    attrs = {"template": TEMPLATE, "scale": scale, "causal": bool(causal), "mask": kind} if template else None
+    attrs = {"template": TEMPLATE, "program": PROGRAM_REVISION, "scale": scale, "causal": bool(causal), "mask": kind} if template else None
     return compute((b, h, lq, dv), lambda n, c, i, e: E.sum(p[n, c, i, rj] * v[n, c // group, rj, e], axis=rj),
                    name=name, tag="batch_matmul", attrs=attrs)
 
