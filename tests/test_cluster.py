@@ -249,3 +249,51 @@ def test_a_node_killed_mid_run_loses_nothing(own_cluster, tmp_path):
     while time.time() < deadline and any(_alive(p) for p in pids):
         time.sleep(0.5)
     assert not [p for p in pids if _alive(p)], "a process of the killed node or of the job's actors is left"
+
+
+INTERRUPTED_JOB = """
+import sys
+import ansor
+from ansor.tuning.callbacks import TuningCallback
+from ansor.workloads import make_task
+
+class ShowProcesses(TuningCallback):
+    def on_result(self, tuner, result):
+        pids = sorted(p for node in tuner.measurer.session.node_pids.values() for p in node)
+        print("measured", *pids, flush=True)
+
+task = make_task("matmul", (64, 64, 64), target=ansor.Target.host(num_cores=1))
+try:
+    ansor.tune(task, trials=500, database=sys.argv[2], cluster=sys.argv[1], policy="sketch.random",
+               progress=False, callbacks=[ShowProcesses()])
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(130)
+"""
+
+
+def test_ctrl_c_of_the_job_stops_the_remote_work(tmp_path):
+    address = _needs_cluster()
+    db = str(tmp_path / "records.db")
+    job = subprocess.Popen([sys.executable, "-c", INTERRUPTED_JOB, address, db], stdout=subprocess.PIPE, text=True)
+    try:
+        pids, lines = set(), 0
+        for line in job.stdout:
+            if line.startswith("measured"):
+                lines += 1
+                pids.update(int(p) for p in line.split()[1:])
+                if lines >= 4 and len(pids) >= 2:  # actors of both nodes and a measurement worker
+                    break
+        job.send_signal(signal.SIGINT)
+        rest = job.stdout.read()
+        assert job.wait(timeout=60) == 130 and "interrupted" in rest
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    deadline = time.time() + 20
+    while time.time() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.5)
+    assert not [p for p in pids if _alive(p)], "a measuring process outlived the interrupted job"
+    with open_store(db)[0] as store:
+        assert store.count() >= lines  # everything measured before the signal is kept
