@@ -418,6 +418,22 @@ def test_a_program_far_slower_than_the_cutoff_is_timed_once() -> None:
     assert len(measure_costs(Kernel(0.01), [], off, warmed_up=True)) == 3
 
 
+def test_a_probe_far_past_the_cutoff_ends_the_timing() -> None:
+    """A first call already CLEARLY_SLOWER x the cutoff is the only call: nothing is sized to
+    min_repeat_ms for a program that cannot be picked."""
+    from ansor.measure.timing import CLEARLY_SLOWER, measure_costs
+
+    class Kernel(_ClockedKernel):
+        def __call__(self, buffers) -> None:
+            pass
+
+    policy = TimingPolicy(min_repeat_ms=50.0, repeat=3, one_repeat_above=0.001)
+    slow = Kernel(0.001 * CLEARLY_SLOWER * 1.5)
+    assert len(measure_costs(slow, [], policy, warmed_up=True)) == 1 and slow.probes == [1]
+    near = Kernel(0.001 * 1.5)  # slower than the cutoff, not clearly: one repeat, sized as usual
+    assert len(measure_costs(near, [], policy, warmed_up=True)) == 1 and len(near.probes) == 2
+
+
 def test_run_result_properties() -> None:
     result = RunResult((1.0, 3.0, 2.0), 0, "", 0.1)
     assert result.median == 2.0 and result.spread == 1.0

@@ -269,7 +269,7 @@ def test_misdeclared_compute_is_rejected_at_declaration():
 
 
 def test_programs_far_slower_than_the_best_get_one_repeat(tmp_path):
-    from ansor.tuning.measurer import ProgramMeasurer
+    from ansor.tuning.measurer import ONE_REPEAT_FACTOR, ProgramMeasurer
     from ansor.schedule.state import State
     from ansor.workloads import make_task
 
@@ -282,13 +282,13 @@ def test_programs_far_slower_than_the_best_get_one_repeat(tmp_path):
         assert seen == [result]  # each result is handed over as soon as it is measured
         assert result.ok and len(result.record.costs) == 3
         assert m.best_cost == pytest.approx(result.cost)
-        assert m._timing().one_repeat_above == pytest.approx(3.0 * result.cost)
+        assert m._timing().one_repeat_above == pytest.approx(ONE_REPEAT_FACTOR * result.cost)
     finally:
         m.close()
     again = ProgramMeasurer(task, best_cost=result.cost)  # a resumed run starts from the database's best
     off = ProgramMeasurer(task, best_cost=result.cost, one_repeat_factor=0)
     try:
-        assert again._timing().one_repeat_above == pytest.approx(3.0 * result.cost)
+        assert again._timing().one_repeat_above == pytest.approx(ONE_REPEAT_FACTOR * result.cost)
         assert off._timing() is None
     finally:
         again.close()

@@ -121,11 +121,16 @@ def choose_number(
         elapsed = kernel.timed(buffers, number)
         if elapsed >= min_seconds or number >= policy.max_number:
             return number, elapsed / number
+        if 0 < policy.one_repeat_above * CLEARLY_SLOWER < elapsed / number:
+            return number, elapsed / number  # far slower than what it must beat: no need to size a repeat
         predicted = int(PROBE_MARGIN * min_seconds * number / elapsed) + 1 if elapsed > 0 else 0
         number = min(max(number * 2, predicted), policy.max_number)
 
 
 PROBE_MARGIN = 1.2  # a sized repeat aims this far over min_repeat_ms
+#: A probe this many times past `one_repeat_above` ends the timing at once: even a first call's
+#: cold caches and page faults do not make a program that much slower than it is.
+CLEARLY_SLOWER = 2.0
 
 
 #: At most this many copies of a kernel's inputs are cycled through (a tiny kernel's copies
