@@ -21,7 +21,9 @@ import json
 from dataclasses import dataclass
 
 from ansor.codegen.c_like import C_KEYWORDS, CLikePrinter, PreludePiece, _helpers
+from ansor.codegen.gemm_cuda import TEMPLATE_LOCALS, gemm_cuda_body
 from ansor.lower import ir
+from ansor.lower.gemm_template import GemmProgram
 from ansor.lower.gpu import AXIS, BLOCK_KINDS, THREAD_KINDS, kernels_of
 from ansor.te import expr as E
 from ansor.te.dtypes import HALF_DTYPES
@@ -192,6 +194,9 @@ class GPUPrinter(CLikePrinter):
             if b.dtype in HALF_DTYPES:
                 self._half_types(b.dtype)  # refused by name where the dialect has none
         self.fname = ""
+        self.uses_mma = False  # whether a template's text uses Tensor Core fragments (mma.h)
+        if any(isinstance(s, ir.WrittenProgram) for k in self.kernels for s in ir.walk_stmts(k)):
+            self.names.used |= TEMPLATE_LOCALS  # the names a template's text declares
         for k in self.kernels:
             self.names(k, k.name)
 
@@ -278,6 +283,19 @@ class GPUPrinter(CLikePrinter):
         if unrolled:
             self.copies //= s.extent
 
+    def dialect_stmt(self, s: ir.Stmt, depth: int, in_parallel: bool) -> None:
+        if isinstance(s, ir.WrittenProgram) and isinstance(s.template, GemmProgram):
+            if self.dialect.language != "cuda":
+                raise TypeError(f"the GEMM template has no {self.dialect.language} text: it targets CUDA")
+            p = s.template
+            if p.a.dtype in HALF_DTYPES:
+                self._half_types(p.a.dtype)
+            self.uses_mma |= p.instruction.tensor_core
+            names = (self.names(b, b.name) for b in (p.a, p.b, p.c))
+            self.lines.extend(gemm_cuda_body(p, *names))
+            return
+        super().dialect_stmt(s, depth, in_parallel)
+
     def allocate(self, s: ir.Allocate, depth: int, in_parallel: bool) -> None:
         b = s.buffer
         name = self.names(b, b.name)
@@ -325,6 +343,7 @@ class GPUPrinter(CLikePrinter):
         uses_double = any(b.dtype == "float64" for b in self.func.params) or "double" in text
         fp64 = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if uses_double and self.dialect is OPENCL else ""
         half = self.dialect.half_headers if self.uses_half else ""
+        half += "#include <mma.h>\n" if self.uses_mma else ""
         return header + "\n" + fp64 + half + self.dialect.header + self.prelude() + text
 
 

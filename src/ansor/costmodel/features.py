@@ -415,6 +415,8 @@ class _Extractor:
             self.visit(stmt.slow)
         elif t is ir.GPUKernel:
             self.visit(stmt.body)
+        elif t is ir.WrittenProgram:  # a template's program: its work as plain loops
+            self.visit(stmt.nest)
 
     def enter(self, loop: ir.For) -> _Loop:
         frame = _Loop(loop)

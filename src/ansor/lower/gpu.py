@@ -60,7 +60,12 @@ class GPULimits:
 
 def lower_for_gpu(func: ir.PrimFunc, limits: GPULimits) -> ir.PrimFunc:
     """`func` as a sequence of `GPUKernel`s. Stages computed from constant inputs alone (the
-    CPU's prepack function) run as kernels of their own before the others, into workspace."""
+    CPU's prepack function) run as kernels of their own before the others, into workspace.
+    A function of kernels already (a template's, written whole) is checked against the limits."""
+    if kernels_of(func):
+        for k in kernels_of(func):
+            _check_written_limits(k, func.attrs.get("shared_bytes", 0), limits)
+        return func
     prepack = func.attrs.get("prepack")
     nests: list[ir.Stmt] = flat_seq(prepack.body) if prepack is not None else []
     temps, body = _peel_allocates(func.body)
@@ -70,6 +75,15 @@ def lower_for_gpu(func: ir.PrimFunc, limits: GPULimits) -> ir.PrimFunc:
                for i, nest in enumerate(nests)]
     attrs = {k: v for k, v in func.attrs.items() if k != "prepack"}
     return ir.PrimFunc(func.name, params, ir.seq(kernels), attrs)
+
+
+def _check_written_limits(k: ir.GPUKernel, shared_bytes: int, limits: GPULimits) -> None:
+    if k.threads > limits.max_threads:
+        raise GPUScheduleError(f"kernel {k.name!r}: {k.threads} threads per block, over the target's "
+                               f"{limits.max_threads}")
+    if shared_bytes > limits.shared_bytes:
+        raise GPUScheduleError(f"kernel {k.name!r}: {shared_bytes} bytes of shared memory per block, over "
+                               f"the target's {limits.shared_bytes}")
 
 
 def kernels_of(func: ir.PrimFunc) -> list[ir.GPUKernel]:

@@ -181,6 +181,16 @@ class Unswitched(Stmt):
 
 
 @dataclass(eq=False)
+class WrittenProgram(Stmt):
+    """A kernel body that a dialect's template printer writes whole from `template` (its knobs:
+    `lower.gemm_template.GemmProgram`); `nest` is the same work as plain loops, which analyses
+    (the cost model's features, walks over stores) read instead."""
+
+    template: object
+    nest: Stmt
+
+
+@dataclass(eq=False)
 class GPUKernel(Stmt):
     """One launch of a GPU program: `grid` blocks of `block` threads (x, y, z) run `body`.
 
@@ -246,6 +256,8 @@ def walk_stmts(stmt: Stmt):
         yield from walk_stmts(stmt.slow)
     elif isinstance(stmt, GPUKernel):
         yield from walk_stmts(stmt.body)
+    elif isinstance(stmt, WrittenProgram):
+        yield from walk_stmts(stmt.nest)
 
 
 def ir_to_str(stmt: Stmt, indent: int = 0) -> str:
@@ -282,6 +294,8 @@ def ir_to_str(stmt: Stmt, indent: int = 0) -> str:
     if isinstance(stmt, Unswitched):
         return (f"{pad}if {expr_to_str(stmt.cond)}:  # in bounds throughout\n" + ir_to_str(stmt.fast, indent + 1)
                 + f"{pad}else:\n" + ir_to_str(stmt.slow, indent + 1))
+    if isinstance(stmt, WrittenProgram):
+        return f"{pad}template {stmt.template}, as loops:\n" + ir_to_str(stmt.nest, indent + 1)
     if isinstance(stmt, GPUKernel):
         grid, block = "x".join(map(str, stmt.grid)), "x".join(map(str, stmt.block))
         args = ", ".join(b.name for b in stmt.params)

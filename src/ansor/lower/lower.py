@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from ansor.lower import ir
 from ansor.lower.attention import lower_attention, template_stage
+from ansor.lower.gemm_template import gemm_template_stage, lower_gemm
 from ansor.schedule.relations import leaf_expressions, root_axis_of
 from ansor.schedule.printer import state_to_str
 from ansor.schedule.state import ScheduleError, Stage, State
@@ -55,6 +56,8 @@ def lower(state: State, name: str = "kernel") -> ir.PrimFunc:
         raise ScheduleError(f"cannot lower: split lengths undecided for {', '.join(undecided[:4])}")
     if template_stage(state) is not None:  # written whole from its knobs (lower/attention.py)
         return lower_attention(state, name)
+    if gemm_template_stage(state) is not None:  # a GPU kernel written whole (lower/gemm_template.py)
+        return lower_gemm(state, name)
     return _Lowerer(state, name).run()
 
 
@@ -73,6 +76,8 @@ def schedule_text(state: State) -> str:
         return state_to_str(state)
     if template_stage(state) is not None:
         return ir.ir_to_str(lower_attention(state).body)
+    if gemm_template_stage(state) is not None:
+        return ir.ir_to_str(lower_gemm(state).body)
     low = _Lowerer(state, "kernel")
     low.run()
     extents, values = {}, {}

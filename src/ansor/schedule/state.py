@@ -102,7 +102,7 @@ class Stage:
     current definition (cache and rfactor steps rewrite it)."""
 
     __slots__ = ("tensor", "op", "name", "iters", "root_iters", "relations", "attach",
-                 "auto_unroll_max_step", "scope", "origin", "layout")
+                 "auto_unroll_max_step", "scope", "origin", "layout", "gemm_template")
 
     def __init__(self, tensor: Tensor, op, name: str, scope: str = "global", origin: str = ""):
         self.tensor = tensor
@@ -113,6 +113,7 @@ class Stage:
         self.relations: list[Split | Fuse] = []
         self.attach: tuple[str, str] | str = "root"  # "root" | "inline" | (stage name, iter name)
         self.auto_unroll_max_step = 0
+        self.gemm_template = ""  # the knobs of a GPU GEMM template program (lower/gemm_template.py)
         self.layout: tuple[int, int | None] | None = None  # (dimension, tile factor) of the buffer
         self.root_iters = _root_iters(op)
         self.iters = list(self.root_iters)
@@ -422,10 +423,15 @@ class State:
         self.annotate(stage, iterator, "unroll")
 
     def pragma(self, stage: StageRef, iterator: IterRef, pragma: str) -> None:
-        """Only `auto_unroll_max_step$N`: unroll every loop nest under this stage whose total
-        iteration count is at most N."""
+        """`auto_unroll_max_step$N`: unroll every loop nest under this stage whose total
+        iteration count is at most N; `gemm_template$KNOBS`: the stage is a GPU GEMM program
+        written whole from its splits and these knobs (`lower.gemm_template`)."""
         sid, st = self._compute_stage(stage, "pragma")
         idx = st.iter_index(iterator)
+        if pragma.startswith("gemm_template$"):
+            st.gemm_template = pragma[len("gemm_template$"):]
+            self._record(PragmaStep(sid, idx, pragma))
+            return
         prefix = "auto_unroll_max_step$"
         if not pragma.startswith(prefix) or not pragma[len(prefix):].isdigit():
             raise ScheduleError(f"pragma on {st.name}.{st.iters[idx].name}: unknown pragma {pragma!r} "

@@ -123,7 +123,8 @@ def mutate_tile_shape(state: State, rng: random.Random, params: SearchParams) ->
 
 
 def mutate_auto_unroll(state: State, rng: random.Random, params: SearchParams) -> State | None:
-    pragmas = [i for i, s in enumerate(state.steps) if isinstance(s, PragmaStep)]
+    pragmas = [i for i, s in enumerate(state.steps)
+               if isinstance(s, PragmaStep) and s.pragma.startswith("auto_unroll_max_step$")]
     if not pragmas:
         return None
     idx = rng.choice(pragmas)

@@ -26,6 +26,7 @@ Thread binding and cooperative fetching are decided in random annotation
 from __future__ import annotations
 
 from ansor.schedule.state import State
+from ansor.search.sketch_gemm import GEMM_TEMPLATE_RULE
 from ansor.search.sketch import (
     Cond,
     SketchRule,
@@ -150,6 +151,7 @@ def _tile(ctx, state: State, sid: int):
 
 
 GPU_RULES: tuple[SketchRule, ...] = (
+    GEMM_TEMPLATE_RULE,  # beside the other sketches: a matmul that a matrix instruction computes
     SketchRule("add_cache_read_shared", _cache_read_cond, _cache_read),
     SketchRule("always_inline", _always_inline_cond, _always_inline),
     SketchRule("cross_thread_reduction", _cross_thread_cond, _cross_thread),
