@@ -272,3 +272,132 @@ def test_gpu_printers_refuse_half_floats_by_name_and_print_narrow_integers():
             assert "__nv_bfloat16" in ansor.kernel.build(task).source
             with pytest.raises((TypeError, RuntimeError), match="opencl kernels of bfloat16 are not supported"):
                 ansor.kernel.build(Task([x, y], target=ansor.Target.opencl()))
+
+
+# --- dot-product instructions (VNNI vpdpbusd, AVX512-BF16 vdpbf16ps) found by the sketch rule ---
+
+from ansor.backend.cpu import cpu_builder  # noqa: E402
+from ansor.backend.registry import generate_source  # noqa: E402
+from ansor.kernel import compile_state  # noqa: E402
+from ansor.search.sketch_policy import SketchPolicy  # noqa: E402
+from ansor.target import DOT_PRODUCT_FEATURES, Target  # noqa: E402
+
+VNNI_512 = Target.cpu("avx512", 2, ("avx512_vnni",))
+BF16_512 = Target.cpu("avx512", 2, ("avx512_bf16",))
+VNNI_256 = Target.cpu("avx2", 2, ("avx_vnni",))
+HOST = Target.host()
+
+
+def _gemm(dtype_a: str, dtype_b: str, acc: str, n: int = 64):
+    a = te.placeholder((n, n), dtype_a, name="A")
+    b = te.placeholder((n, n), dtype_b, name="B", constant=True)
+    k = te.reduce_axis(n, name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(te.cast(a[i, k], acc) * te.cast(b[k, j], acc), axis=k), name="C")
+    return [a, b, c]
+
+
+def _programs(target: Target, tensors, intrinsic: str, count: int = 2, seed: int = 0):
+    """Sampled programs of the task whose C uses `intrinsic` (up to `count`), and one that
+    does not (a sample whose tile is not whole vectors keeps the widening loop)."""
+    task = Task(tensors, target=target)
+    policy = SketchPolicy(task, seed=seed)
+    using, widening = [], []
+    for state in policy.sample(48):
+        source, _ = generate_source(state, target)
+        (using if intrinsic in source else widening).append((state, source))
+    policy.close()
+    return task, using[:count], widening[:1]
+
+
+def _has(feature: str) -> bool:
+    return feature in HOST.dot_products
+
+
+def test_target_knows_its_dot_product_instructions_without_changing_its_key():
+    flags = open("/proc/cpuinfo").read() if __import__("os").path.exists("/proc/cpuinfo") else ""
+    for feature in DOT_PRODUCT_FEATURES:
+        if feature in HOST.dot_products:
+            assert feature in flags
+    bare = Target.host(dot_products=())
+    assert bare.key == HOST.key  # records of float32 programs are still found
+    assert bare.dot_products == () and all(f.startswith("-mno-") for f in bare.instruction_flags)
+    assert "-mavx512vnni" in VNNI_512.instruction_flags and "-mno-avx512bf16" in VNNI_512.instruction_flags
+    assert VNNI_256.instruction_flags == ("-mavxvnni",)
+    assert Target(**{**VNNI_512.describe(), "dot_products": ["avx512_vnni"]}) == VNNI_512  # from JSON
+    with pytest.raises(ValueError, match="unknown dot-product"):
+        Target.cpu("avx512", 1, ("avx512_vnni", "neon_dot"))
+    with pytest.raises(ValueError, match="need AVX-512"):
+        Target.cpu("avx2", 1, ("avx512_vnni",))
+    missing = [f for f in DOT_PRODUCT_FEATURES if f not in HOST.dot_products and HOST.isa == "avx512"]
+    if missing:
+        with pytest.raises(ValueError, match="has no"):
+            Target.host(dot_products=(missing[0],))
+
+
+def test_sketch_rule_matches_int8_and_bf16_sums_only_where_the_target_has_the_instruction():
+    def rules(target, tensors):
+        policy = SketchPolicy(Task(tensors, target=target), seed=0)
+        try:
+            return [" ".join(s.history) for s in policy.sketches]
+        finally:
+            policy.close()
+
+    int8 = _gemm("uint8", "int8", "int32")
+    assert all("vpdpbusd" in h for h in rules(VNNI_512, int8))
+    assert all("vpdpbusd" in h for h in rules(VNNI_256, int8))
+    assert not any("dot_product" in h for h in rules(BF16_512, int8))
+    assert not any("dot_product" in h for h in rules(Target.cpu("avx512", 2), int8))
+    assert not any("dot_product" in h for h in rules(VNNI_512, _gemm("int8", "int8", "int32")))  # s8 x s8
+    assert all("vdpbf16ps" in h for h in rules(BF16_512, _gemm("bfloat16", "bfloat16", "float32")))
+
+
+@pytest.mark.parametrize("target,dtypes,intrinsic", [
+    (VNNI_512, ("uint8", "int8", "int32"), "_mm512_dpbusd_epi32"),
+    (VNNI_256, ("uint8", "int8", "int32"), "_mm256_dpbusd_avx_epi32"),
+    (BF16_512, ("bfloat16", "bfloat16", "float32"), "_mm512_dpbf16_ps"),
+])
+def test_dot_product_programs_compile_for_their_target_on_any_x86_cpu(target, dtypes, intrinsic):
+    """Compiled (never run) with the target's flags: the check holds on CPUs without the
+    instruction too."""
+    _, using, _ = _programs(target, _gemm(*dtypes), intrinsic)
+    assert using, f"no sampled program used {intrinsic}"
+    builder = cpu_builder(target)
+    for result in builder.build([source for _, source in using]):
+        assert result.error_no == 0, result.error_msg
+
+
+@pytest.mark.parametrize("feature,isa", [("avx512_vnni", "avx512"), ("avx_vnni", "avx2"), (None, None)])
+def test_uint8_int8_gemm_is_bit_exact_against_numpy_int32(feature, isa):
+    """With the instruction where this CPU has it; on any CPU the widening loop (a target
+    restricted to no dot-product instruction) gives the same int32 results."""
+    if feature is not None and not _has(feature):
+        feature = None  # this CPU lacks it: the widening loop is what runs here
+    target = Target.host(isa=isa, dot_products=(feature,) if feature else ()) if isa and feature else \
+        Target.host(dot_products=())
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 256, (64, 64), dtype=np.uint8)
+    b = rng.integers(-128, 128, (64, 64), dtype=np.int8)
+    a[0, :], b[:, 0] = 255, -128  # the extreme products
+    want = a.astype(np.int32) @ b.astype(np.int32)
+    intrinsic = "dpbusd"
+    task, using, widening = _programs(target, _gemm("uint8", "int8", "int32"), intrinsic)
+    assert bool(using) == (feature is not None)
+    for state, _ in using + widening:
+        np.testing.assert_array_equal(compile_state(task, state)(a, b), want)
+
+
+def test_bf16_gemm_within_one_bf16_rounding_of_the_float32_reference():
+    feature = "avx512_bf16" if _has("avx512_bf16") else None
+    target = Target.host(dot_products=(feature,) if feature else ())
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((64, 64)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((64, 64)).astype(ml_dtypes.bfloat16)
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    want = a32.astype(np.float64) @ b32.astype(np.float64)
+    bound = 2.0 ** -8 * (np.abs(a32) @ np.abs(b32))  # one bfloat16 rounding of the magnitudes' sum
+    task, using, widening = _programs(target, _gemm("bfloat16", "bfloat16", "float32"), "dpbf16")
+    assert bool(using) == (feature is not None)
+    for state, _ in using + widening:
+        got = compile_state(task, state)(a, b)
+        assert got.dtype == np.float32
+        assert np.all(np.abs(got - want) <= bound)

@@ -76,6 +76,7 @@ def every_step_kind_program():
     s.compute_at("gemm.local", "act", "c.0")       # CA: now directly under the consumer
     s.compute_root("A.local")                      # CR
     s.transform_layout("A.local", 1, 2, 0)         # LA: A.local stored with kred tiled by 8
+    s.interleave_layout("A.local", 0, 2)           # LI: ... and its rows in pairs, innermost
     return task, s
 
 

@@ -35,6 +35,7 @@ class Capabilities:
     warp_size: int = 0
     max_vthread: int = 0              # virtual threads per thread (their product on any path)
     local_memory_bytes: int = 0       # private arrays per thread before they spill
+    dot_products: tuple[str, ...] = ()  # CPU dot-product instruction sets (Target.dot_products)
 
     @property
     def has_shared_memory(self) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ansor.backend import Backend, Capabilities, register_backend
 from ansor.codegen.cpu import print_c
 from ansor.lower import ir
+from ansor.lower.dot_product import form_dot_product_tiles
 from ansor.lower.register_tile import form_register_tiles
 from ansor.lower.transposed_store import form_transposed_stores
 from ansor.lower.unswitch import unswitch_bounds_checks
@@ -15,14 +16,18 @@ from ansor.target import Target
 
 def cpu_capabilities(target: Target) -> Capabilities:
     return Capabilities(vector_bytes=target.vector_unit_bytes, vector_registers=target.vector_registers,
-                        parallel_loops=True, threads=target.num_cores)
+                        parallel_loops=True, threads=target.num_cores, dot_products=target.dot_products)
 
 
 def cpu_builder(target: Target | None = None, **options) -> Builder:
     """A builder whose flags keep the code to the target's ISA (an AVX2 target compiled on an
     AVX-512 machine has no AVX-512 instruction)."""
-    flags = DEFAULT_CFLAGS + (target.compile_flags if target is not None else ())
+    flags = DEFAULT_CFLAGS + ((target.compile_flags + target.instruction_flags) if target is not None else ())
     return Builder(cflags=options.pop("cflags", flags), **options)
+
+
+def dot_product_tiles(func: ir.PrimFunc, caps: Capabilities) -> ir.PrimFunc:
+    return form_dot_product_tiles(func, caps.dot_products, caps.vector_bytes, caps.vector_registers)
 
 
 def register_tiles(func: ir.PrimFunc, caps: Capabilities) -> ir.PrimFunc:
@@ -42,7 +47,7 @@ CPU = Backend(
     language="c",
     capabilities_of=cpu_capabilities,
     # tiles first: their nests are vector code already; checks unswitched in the plain nests left
-    passes=(register_tiles, transposed_stores, unswitched_bounds_checks),
+    passes=(dot_product_tiles, register_tiles, transposed_stores, unswitched_bounds_checks),
     printer=lambda func, caps: print_c(func, caps.threads),
     builder=cpu_builder,
     loader=KernelLibrary,
@@ -51,10 +56,13 @@ CPU = Backend(
 register_backend(CPU)
 
 
-def generate_c(func: ir.PrimFunc, vector_bytes: int = 0, vector_registers: int = 16) -> tuple[str, str]:
+def generate_c(func: ir.PrimFunc, vector_bytes: int = 0, vector_registers: int = 16,
+               dot_products: tuple[str, ...] = ()) -> tuple[str, str]:
     """(C source, entry function name) of a lowered function for a CPU with `vector_bytes` wide
-    vectors (0: none, so neither register tiles nor transposed stores) and `vector_registers`."""
-    caps = Capabilities(vector_bytes=vector_bytes, vector_registers=vector_registers, parallel_loops=True)
+    vectors (0: none, so neither register tiles nor transposed stores), `vector_registers` and
+    the dot-product instruction sets `dot_products`."""
+    caps = Capabilities(vector_bytes=vector_bytes, vector_registers=vector_registers, parallel_loops=True,
+                        dot_products=dot_products)
     for fitted in CPU.passes:
         func = fitted(func, caps)
     return print_c(func)

@@ -9,9 +9,12 @@ for a program with stages that depend on constant inputs alone, `<entry>_prepack
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ansor.codegen import cpu_prelude
 from ansor.codegen.c_like import CLikePrinter
 from ansor.lower import ir
+from ansor.lower.dot_product import operand_roles
 from ansor.lower.register_tile import index_coefficient, load_key, load_offset, loads_in
 from ansor.te import expr as E
 
@@ -74,6 +77,29 @@ def interleave_rounds(group: int, lanes: int) -> tuple[list[list[tuple[int, int,
     return rounds, contents
 
 
+@dataclass(frozen=True)
+class _VectorForm:
+    """The immintrin.h spelling of one accumulator vector width and type."""
+
+    acc: str
+    load_acc: str
+    store_acc: str
+    operand: str
+    broadcast: str
+    load_operand: str
+    cast: str = ""  # what the instruction's operands are cast to
+
+
+_VECTOR_FORMS = {
+    (64, "int32"): _VectorForm("__m512i", "_mm512_loadu_si512", "_mm512_storeu_si512", "__m512i",
+                               "_mm512_set1_epi32", "_mm512_loadu_si512"),
+    (32, "int32"): _VectorForm("__m256i", "_mm256_loadu_si256", "_mm256_storeu_si256", "__m256i",
+                               "_mm256_set1_epi32", "_mm256_loadu_si256"),
+    (64, "float32"): _VectorForm("__m512", "_mm512_loadu_ps", "_mm512_storeu_ps", "__m512i",
+                                 "_mm512_set1_epi32", "_mm512_loadu_si512", "(__m512bh)"),
+}
+
+
 class CPrinter(CLikePrinter):
     """C for gcc (or clang) with OpenMP, for the CPU backend."""
 
@@ -108,6 +134,9 @@ class CPrinter(CLikePrinter):
     def register_tile(self, tile: ir.RegisterTile, depth: int) -> None:
         """The accumulator in one vector variable per vector across the kept loops; each
         update one vector statement."""
+        if tile.instruction is not None:
+            self.dot_product_tile(tile, depth)
+            return
         loops = tile.loops()
         vt = self.use(f"ansor_f32x{tile.lanes}")
         acc = self.names(tile.buffer, tile.buffer.name)
@@ -170,6 +199,73 @@ class CPrinter(CLikePrinter):
             b = self._vector_text(tile, vec_var, expr.b, chunk_start, loaded, depth)
             return f"({a} {expr.op} {b})"
         return self.expr(expr)
+
+    def dot_product_tile(self, tile: ir.RegisterTile, depth: int) -> None:
+        """A register tile whose updates are one dot-product instruction each (immintrin.h),
+        the depth loop stepping by the instruction's depth."""
+        ins = tile.instruction
+        form = _VECTOR_FORMS[(ins.vector_bytes, ins.acc_dtype)]
+        self.use("ansor_word32")
+        loops = tile.loops()
+        acc = self.names(tile.buffer, tile.buffer.name)
+        regs = [self.names.fresh(f"{acc}_r{s}") for s in range(len(tile.offsets))]
+        d = depth
+        for f in loops[:tile.outer]:
+            d = self._open_loop(f, d)
+        base = "" if tile.base is None or (isinstance(tile.base, E.Const) and tile.base.value == 0) \
+            else f"{self.expr(tile.base)} + "
+        self.emit(f"/* dot-product tile: {acc} in {len(regs)} {form.acc} variables across the reduction, "
+                  f"{ins.name} ({ins.depth} products per lane) */", d)
+        self.emit("{", d)
+        d += 1
+        self.emit(f"{form.acc} " + ", ".join(f"{r} = {form.load_acc}((const void*)&{acc}[{base}{o}])"
+                                             for o, r in zip(tile.offsets, regs)) + ";", d)
+        for f in loops[tile.outer:tile.kept - 1]:
+            d = self._open_loop(f, d)
+        depth_loop, vector_loop = loops[tile.kept - 1], loops[-1]
+        group = E.Var(f"{depth_loop.var.name}_q")
+        group_name = self.names(group, group.name)
+        self.ranges[id(group)] = (0, depth_loop.extent // ins.depth - 1)
+        self.ranges[id(depth_loop.var)] = (0, depth_loop.extent - 1)
+        self.ranges[id(vector_loop.var)] = (0, vector_loop.extent - 1)
+        self.emit(f"for ({self.INDEX_TYPE} {group_name} = 0; {group_name} < {depth_loop.extent // ins.depth}; "
+                  f"++{group_name}) {{", d)
+        d += 1
+        made: dict[str, str] = {}
+
+        def operand(load: ir.BufferLoad, start: int, text_of) -> str:
+            bound = {depth_loop.var: group * ins.depth, vector_loop.var: E.Const(start, "int32")}
+            moved = E.substitute(load, bound)
+            text = text_of(f"&{self.names(load.buffer, load.buffer.name)}[{self.flat_index(load.buffer, moved.indices)}]")
+            name = made.get(text)
+            if name is None:
+                name = made[text] = self.names.fresh("dp")
+                self.emit(f"{form.operand} {name} = {text};", d)
+            return name
+
+        for slot, value, start in tile.updates:
+            _, lhs, rhs = operand_roles(value, tile.buffer.dtype, (ins.feature,), ins.vector_bytes)
+            a = operand(lhs, start, lambda p: f"{form.broadcast}(ansor_word32({p}))")
+            b = operand(rhs, start, lambda p: f"{form.load_operand}((const void*){p})")
+            self.emit(f"{regs[slot]} = {ins.intrinsic}({regs[slot]}, {form.cast}{a}, {form.cast}{b});", d)
+        d -= 1
+        self.emit("}", d)
+        for _ in range(tile.kept - 1 - tile.outer):
+            d -= 1
+            self.emit("}", d)
+        for o, r in zip(tile.offsets, regs):
+            self.emit(f"{form.store_acc}((void*)&{acc}[{base}{o}], {r});", d)
+        for _ in range(tile.outer + 1):
+            d -= 1
+            self.emit("}", d)
+
+    def _open_loop(self, f: ir.For, d: int) -> int:
+        var = self.names(f.var, f.var.name)
+        self.ranges[id(f.var)] = (0, f.extent - 1)
+        if f.kind == "unrolled" or f.unroll_hint:
+            self.emit(f"#pragma GCC unroll {min(f.extent, 65534)}", d)
+        self.emit(f"for ({self.INDEX_TYPE} {var} = 0; {var} < {f.extent}; ++{var}) {{", d)
+        return d + 1
 
     # --- transposed stores ------------------------------------------------------------------
     def transposed_store(self, node: ir.TransposedStore, depth: int, in_parallel: bool) -> None:

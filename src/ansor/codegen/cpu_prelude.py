@@ -132,7 +132,14 @@ def _vector_type(element: str, lanes: int) -> PreludePiece:
     return PreludePiece(f"ansor_{element}x{lanes}", text, "vector", ("ansor_vector_types",))
 
 
+_WORD32 = """\
+#include <immintrin.h>
+/* 4 bytes (a dot-product instruction's row operand) as one 32-bit word, at any alignment */
+static inline int32_t ansor_word32(const void* p) { int32_t v; __builtin_memcpy(&v, p, 4); return v; }
+"""
+
 PIECES: tuple[PreludePiece, ...] = (
+    PreludePiece("ansor_word32", _WORD32, "dot products"),
     PreludePiece("ANSOR_VECMATH", _VECMATH, "vecmath"),
     PreludePiece("ansor_bits", _BITS, "vecmath"),
     PreludePiece("ansor_expf", _EXPF, "vecmath", ("ANSOR_VECMATH", "ansor_bits")),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ansor.instructions import DotProductInstruction
 from ansor.te import expr as E
 
 LOOP_KINDS = ("serial", "parallel", "vectorized", "unrolled", "vthread", "blockIdx.x", "blockIdx.y",
@@ -138,6 +139,9 @@ class RegisterTile(Stmt):
     outer: int = 0  # leading loops (of the first `kept`) outside the load and store of the block
     base: E.Expr | None = None  # element offset of the block in `buffer` (in the outer loops' variables)
     offsets: tuple[int, ...] = ()  # element offset from `base` of each accumulator vector (slot)
+    #: a dot-product instruction (`ansor.instructions`) computes each update: the last kept loop
+    #: is the reduction it sums `instruction.depth` steps of at a time (`lower/dot_product.py`)
+    instruction: DotProductInstruction | None = None
 
     def loops(self) -> list[For]:
         """The loops of `nest`, outermost first."""

@@ -176,7 +176,7 @@ class _Lowerer:
                     raise ScheduleError(f"stage {s.name!r}: a stage stored in a tiled layout must be "
                                         f"computed at the root")
                 dim, factor = s.layout
-                shape = _physical_shape(shape, dim, factor)
+                shape = _physical_shape(shape, dim, factor, s.interleave)
             L.buffer = ir.Buffer(s.name, shape, op.dtype, scope, "temp")
         # loops
         root_ext = {a.name: e for a, e in zip(op.axes, L.region_ext)}
@@ -260,15 +260,22 @@ class _Lowerer:
             if P.dim_order is not None:
                 idx = [idx[d] for d in P.dim_order]
             if P.stage.layout is not None:
-                idx = self._physical(idx, P.stage.layout)
+                idx = self._physical(idx, P.stage.layout, P.stage.interleave)
             return ir.BufferLoad(P.buffer, idx)
         return None
 
-    def _physical(self, idx: list, layout: tuple[int, int]) -> list:
-        """Logical indices -> indices into a buffer stored with one dimension tiled."""
+    def _physical(self, idx: list, layout: tuple[int, int], interleave: tuple[int, int] | None = None) -> list:
+        """Logical indices -> indices into a buffer stored with one dimension tiled (and
+        another interleaved in groups, the group position innermost)."""
         dim, factor = layout
+        simplify_ = self.simplifier.simplify
         rest = [i for d, i in enumerate(idx) if d != dim]
-        return [self.simplifier.simplify(idx[dim] // factor), *rest, self.simplifier.simplify(idx[dim] % factor)]
+        inner = [simplify_(idx[dim] % factor)]
+        if interleave is not None:
+            gdim, group = interleave
+            at = gdim - (gdim > dim)
+            rest[at], inner = simplify_(rest[at] // group), inner + [simplify_(rest[at] % group)]
+        return [simplify_(idx[dim] // factor), *rest, *inner]
 
     def _to_ir(self, expr: E.Expr, L: _StageLowering) -> E.Expr:
         """Axes replaced by their loop expressions and tensor reads by buffer loads, in one
@@ -289,7 +296,7 @@ class _Lowerer:
         if L.dim_order is not None:
             out_idx = [out_idx[d] for d in L.dim_order]
         if s.layout is not None:
-            out_idx = self._physical(out_idx, s.layout)
+            out_idx = self._physical(out_idx, s.layout, s.interleave)
         body = L.body
         if isinstance(body, E.Reduce):
             current = ir.BufferLoad(L.buffer, out_idx)
@@ -382,9 +389,15 @@ def _loop_dim_order(stage: Stage) -> list[int] | None:
     return [i for i in range(len(names)) if i != d] + [d]
 
 
-def _physical_shape(shape: tuple[int, ...], dim: int, factor: int) -> tuple[int, ...]:
+def _physical_shape(shape: tuple[int, ...], dim: int, factor: int,
+                    interleave: tuple[int, int] | None = None) -> tuple[int, ...]:
     rest = [n for d, n in enumerate(shape) if d != dim]
-    return (-(-shape[dim] // factor), *rest, factor)
+    inner = [factor]
+    if interleave is not None:
+        gdim, group = interleave
+        at = gdim - (gdim > dim)
+        rest[at], inner = -(-rest[at] // group), inner + [group]
+    return (-(-shape[dim] // factor), *rest, *inner)
 
 
 def _reads_of(expr: E.Expr, tensor) -> list[E.TensorRead]:

@@ -165,6 +165,8 @@ def _body_str(st, inline: dict[int, E.Expr] | None = None) -> str:
     if st.layout is not None:
         factor = "?" if st.layout[1] is None else st.layout[1]
         scope += f" (stored with {op.axes[st.layout[0]].name} tiled by {factor})"
+    if st.interleave is not None:
+        scope += f" (and {op.axes[st.interleave[0]].name} interleaved by {st.interleave[1]})"
 
     def shown(expr: E.Expr) -> str:
         if inline:

@@ -26,6 +26,7 @@ from ansor.schedule.steps import (
     FollowFusedSplitStep,
     FollowSplitStep,
     FuseStep,
+    InterleaveStep,
     LayoutStep,
     PragmaStep,
     ReorderStep,
@@ -102,7 +103,7 @@ class Stage:
     current definition (cache and rfactor steps rewrite it)."""
 
     __slots__ = ("tensor", "op", "name", "iters", "root_iters", "relations", "attach",
-                 "auto_unroll_max_step", "scope", "origin", "layout", "gemm_template")
+                 "auto_unroll_max_step", "scope", "origin", "layout", "interleave", "gemm_template")
 
     def __init__(self, tensor: Tensor, op, name: str, scope: str = "global", origin: str = ""):
         self.tensor = tensor
@@ -115,6 +116,7 @@ class Stage:
         self.auto_unroll_max_step = 0
         self.gemm_template = ""  # the knobs of a GPU GEMM template program (lower/gemm_template.py)
         self.layout: tuple[int, int | None] | None = None  # (dimension, tile factor) of the buffer
+        self.interleave: tuple[int, int] | None = None  # (dimension, group) stored innermost of all
         self.root_iters = _root_iters(op)
         self.iters = list(self.root_iters)
 
@@ -618,6 +620,22 @@ class State:
         factor = None if any(n is None for n in tail) else math.prod(tail)
         st.layout = (dim, factor)
         self._record(LayoutStep(sid, dim, src_step_id, level))
+
+    def interleave_layout(self, stage: StageRef, dim: int, group: int) -> None:
+        """Store the stage's (tiled) buffer with dimension `dim` in groups of `group` whose
+        position is the innermost index of all: B[k, j] tiled along j by F and interleaved
+        along k by 4 is stored [j/F][k/4][F][4], the operand layout of a dot-product
+        instruction that sums 4 consecutive k per lane."""
+        sid, st = self._compute_stage(stage, "interleave_layout")
+        if st.layout is None:
+            raise ScheduleError(f"interleave_layout on {st.name!r}: the stage needs a tiled layout first")
+        if not 0 <= dim < len(st.op.shape) or dim == st.layout[0]:
+            raise ScheduleError(f"interleave_layout on {st.name!r}: dimension {dim} is out of range or the "
+                                f"tiled one")
+        if group < 2:
+            raise ScheduleError(f"interleave_layout on {st.name!r}: a group has at least 2 elements, got {group}")
+        st.interleave = (dim, group)
+        self._record(InterleaveStep(sid, dim, group))
 
     def _check_scope(self, scope: str, st: Stage) -> None:
         if scope not in SCOPES:

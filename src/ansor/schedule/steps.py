@@ -177,10 +177,21 @@ class LayoutStep(Step):
         return state.transform_layout(self.stage_id, self.dim, self.src_step_id, self.level)
 
 
+@dataclass(frozen=True)
+class InterleaveStep(Step):
+    TAG: ClassVar[str] = "LI"
+    dim: int
+    group: int
+
+    def apply(self, state: State):
+        return state.interleave_layout(self.stage_id, self.dim, self.group)
+
+
 STEP_KINDS: dict[str, type[Step]] = {
     cls.TAG: cls for cls in (SplitStep, FollowSplitStep, FollowFusedSplitStep, FuseStep, ReorderStep,
                              AnnotateStep, PragmaStep, ComputeAtStep, ComputeInlineStep,
-                             ComputeRootStep, CacheReadStep, CacheWriteStep, RfactorStep, LayoutStep)
+                             ComputeRootStep, CacheReadStep, CacheWriteStep, RfactorStep, LayoutStep,
+                             InterleaveStep)
 }
 
 

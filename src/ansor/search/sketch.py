@@ -113,12 +113,14 @@ def needs_rfactor(ctx: SketchContext, state: State, sid: int) -> bool:
 # ---------------------------------------------------------------------------------------------
 # actions
 
-def multi_level_tile(state: State, sid: int, structure: str, innermost: int | None = None) -> list[int]:
+def multi_level_tile(state: State, sid: int, structure: str, innermost: int | None = None,
+                     untiled: Sequence[str] = ()) -> list[int]:
     """Split spatial iterators into #S pieces and reduce iterators into #R pieces (lengths
     undecided), then order the pieces level by level. Within each spatial level the pieces
     follow the op's axis order, except that spatial axis number `innermost` (if given) goes
-    last: the innermost loop is what gets vectorized. Returns the spatial split step ids, in
-    axis order."""
+    last: the innermost loop is what gets vectorized. Iterators named in `untiled` stay whole,
+    right after the last reduction level (a dot-product instruction's depth). Returns the
+    spatial split step ids, in axis order."""
     st = state.stages[sid]
     n_s, n_r = structure.count("S"), structure.count("R")
     space_levels: list[list[tuple[bool, str]]] = [[] for _ in range(n_s)]
@@ -126,6 +128,8 @@ def multi_level_tile(state: State, sid: int, structure: str, innermost: int | No
     split_ids = []
     n_spatial_seen = 0
     for it in list(st.iters):
+        if it.name in untiled:
+            continue
         spatial = it.kind == "spatial"
         levels, n = (space_levels, n_s) if spatial else (reduce_levels, n_r)
         last = spatial and n_spatial_seen == innermost
@@ -147,6 +151,8 @@ def multi_level_tile(state: State, sid: int, structure: str, innermost: int | No
         else:
             order += _level_order(reduce_levels[ri])
             ri += 1
+            if ri == n_r:
+                order += list(untiled)
     state.reorder(sid, order)
     return split_ids
 

@@ -20,6 +20,7 @@ from ansor.search.annotate_gpu import annotate_program, gpu_hardware
 from ansor.search.collector import collector_paused
 from ansor.search.params import GPU_MUTATION_WEIGHTS, SearchParams, search_params
 from ansor.search.policy import MeasureResult, SearchPolicy
+from ansor.search.sketch_dot_product import DOT_PRODUCT_RULE
 from ansor.search.sketch import CPU_RULES, Sketch, SketchContext, SketchRule, generate_sketches
 from ansor.search.sketch_gpu import GPU_RULES
 from ansor.search.template import TEMPLATE_RULE
@@ -41,7 +42,8 @@ class SketchPolicy(SearchPolicy):
         self.cost_model = cost_model
         ctx = SketchContext(target, self.params.cpu_multi_level_tiling_structure,
                             tuple(self.params.cpu_fusion_levels), self.params.cpu_pack_reused_operands)
-        rules = GPU_RULES if target.is_gpu else (TEMPLATE_RULE, *CPU_RULES)  # a template stage has its own sketch
+        # a template stage has its own sketch, and so has a stage a dot-product instruction computes
+        rules = GPU_RULES if target.is_gpu else (TEMPLATE_RULE, DOT_PRODUCT_RULE, *CPU_RULES)
         self.sketches: list[Sketch] = generate_sketches(State(task.dag), ctx, custom_rules, base_rules=rules)
         if not self.sketches:
             raise ValueError(f"no sketch could be derived for task {task.name!r}")

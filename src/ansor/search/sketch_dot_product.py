@@ -1,0 +1,120 @@
+"""The sketch rule of dot-product instructions (auto-tensorization on the CPU).
+
+A stage that sums widening products of two narrow operands (uint8 x int8 -> int32, bfloat16 x
+bfloat16 -> float32), one of them a weight read as W[k, j] with j the stage's last axis and
+the other read contiguously along k, is matched against the target's instructions
+(`ansor.instructions`). Where one fits, the stage is tiled as every matmul is (SSRSRS, an
+accumulator per tile), except that the reduction is first split by the instruction's depth
+and that piece stays innermost of the reduction loops, and the weight is copied into the
+instruction's layout, tiled along j by the innermost tile and interleaved along k by the depth
+(packed once when it is constant). Tile sizes, compute locations, parallelism and unrolling
+are then annotated and evolved as for any sketch; the CPU's lowering (`lower/dot_product.py`)
+turns each accumulator nest of that shape into instructions. A sampled program whose shape
+does not fit (an innermost tile that is not whole vectors) keeps the widening loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ansor.instructions import DotProductInstruction, find_instruction
+from ansor.schedule.state import State
+from ansor.search.sketch import (Cond, SketchRule, elementwise_matched_consumer, follow_tiling,
+                                 multi_level_tile, needs_multi_level_tiling)
+from ansor.te import expr as E
+
+
+@dataclass(frozen=True)
+class DotProductMatch:
+    """How a stage maps onto an instruction: the packed operand (a placeholder's stage) and
+    its dimensions along the output's last axis and along the reduction."""
+
+    instruction: DotProductInstruction
+    packed_stage: int
+    packed_dim_j: int
+    packed_dim_k: int
+
+
+def _read_of(expr: E.Expr) -> E.TensorRead | None:
+    while isinstance(expr, E.Cast):
+        expr = expr.value
+    return expr if isinstance(expr, E.TensorRead) else None
+
+
+def match_dot_product(state: State, sid: int, features: tuple[str, ...], vector_bytes: int) -> DotProductMatch | None:
+    """The instruction that can compute stage `sid`, or None (see the module docstring)."""
+    st = state.stages[sid]
+    if st.is_placeholder or len(st.op.reduce_axes) != 1 or not st.op.axes:
+        return None
+    body = state.effective_body(sid)
+    if not (isinstance(body, E.Reduce) and body.combiner == "sum" and body.where is None):
+        return None
+    source = body.source
+    if not (isinstance(source, E.BinOp) and source.op == "*" and source.dtype == body.dtype):
+        return None
+    reads = [_read_of(source.a), _read_of(source.b)]
+    if any(r is None for r in reads):
+        return None
+    k, j = st.op.reduce_axes[0], st.op.axes[-1]
+    for row, packed in (reads, reads[::-1]):
+        pid = state.stage_id(packed.tensor)
+        if not state.stages[pid].is_placeholder or not row.indices or row.indices[-1] is not k:
+            continue
+        if any(any(v is k for v in E.free_vars(i)) for i in row.indices[:-1]) or \
+                any(v is j for i in row.indices for v in E.free_vars(i)):
+            continue  # the row operand: contiguous along k, the same for every j
+        dims_j = [d for d, i in enumerate(packed.indices) if i is j]
+        dims_k = [d for d, i in enumerate(packed.indices) if i is k]
+        others = [i for d, i in enumerate(packed.indices) if d not in dims_j + dims_k]
+        if len(dims_j) != 1 or len(dims_k) != 1 or not all(isinstance(i, E.Var) for i in others):
+            continue
+        ins = find_instruction(features, vector_bytes, row.tensor.dtype, packed.tensor.dtype, body.dtype)
+        if ins is None or j.extent % ins.lanes or k.extent % ins.depth:
+            continue
+        return DotProductMatch(ins, pid, dims_j[0], dims_k[0])
+    return None
+
+
+def _condition(ctx, state: State, sid: int) -> Cond:
+    st = state.stages[sid]
+    if st.is_placeholder or not st.is_fresh or not needs_multi_level_tiling(state, sid) \
+            or st.origin not in ("", "cache_write"):
+        return Cond.SKIP
+    target = ctx.target
+    if not target.dot_products or target.is_gpu:
+        return Cond.SKIP
+    found = match_dot_product(state, sid, target.dot_products, target.vector_unit_bytes)
+    return Cond.SKIP if found is None else Cond.APPLY_AND_SKIP_REST
+
+
+def _apply(ctx, state: State, sid: int):
+    target = ctx.target
+    base = state.copy()
+    if elementwise_matched_consumer(base, sid) is None:
+        base.cache_write(sid, "local")  # the accumulator tile lives in registers
+    match = match_dot_product(base, sid, target.dot_products, target.vector_unit_bytes)
+    consumer = elementwise_matched_consumer(base, sid)
+    if match is None or consumer is None:
+        return []
+    ins = match.instruction
+    out = []
+    for level in ctx.fusion_levels:
+        if ctx.tiling_structure[level - 1] != "S":
+            continue
+        s = base.copy()
+        k = next(it for it in s.stages[sid].iters if it.kind == "reduce")
+        _, depth_piece = s.split(sid, k.name, [ins.depth])
+        split_ids = multi_level_tile(s, sid, ctx.tiling_structure, None, untiled=[depth_piece.name])
+        follow_tiling(s, consumer, split_ids, level)
+        s.compute_at(sid, consumer, level * len(split_ids) - 1)
+        before = len(s.stages)
+        copy = s.cache_read(match.packed_stage, "global", [s.stage_id(s.stages[sid].name)])
+        src = split_ids[-1]
+        s.transform_layout(copy, match.packed_dim_j, src, len(s.steps[src].lengths) - 1)
+        s.interleave_layout(copy, match.packed_dim_k, ins.depth)
+        out.append((s, sid + len(s.stages) - before - 1,
+                    f"fused at level {level}, {ins.name} ({ins.lhs_dtype} x {ins.rhs_dtype} -> {ins.acc_dtype})"))
+    return out
+
+
+DOT_PRODUCT_RULE = SketchRule("multi_level_tiling_with_dot_product", _condition, _apply)
