@@ -11,7 +11,10 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Sequence
 
+from ansor.graph.bucketed import BucketedModel, bucket_tasks, build_bucketed, merged_tasks
 from ansor.graph.compiled import CompiledModel, OutputMismatchError, build_model
+from ansor.graph.dynamic import DynamicGraph
+from ansor.graph.model_tasks import ModelTasks
 from ansor.graph.ir import Graph
 from ansor.graph.model_tuning import tune_model
 from ansor.kernel import Kernel
@@ -39,7 +42,8 @@ def tune(what: Any, trials: int | None = None, *, database: RecordStore | str | 
     nothing, and running the same job again continues from the records.
 
     Args:
-        what: A `Task`, a list of Tasks, or a model graph (`ansor.graph.Graph`).
+        what: A `Task`, a list of Tasks, a model graph (`ansor.graph.Graph`), or a dynamic
+            graph (`graph.dynamic.DynamicGraph`: the tasks of all its buckets together).
         trials: Programs to measure in this job (for a graph: in all, the records its tasks
             already hold counted against them); default 200 for tasks, 1000 for a graph.
         database: A record store, a path, or None for the default database.
@@ -61,7 +65,9 @@ def tune(what: Any, trials: int | None = None, *, database: RecordStore | str | 
         hooks.append(RoundCallback(callback))
     store, owned = open_store(database)
     try:
-        if isinstance(what, Graph):
+        if isinstance(what, DynamicGraph):  # every bucket's tasks, as one model
+            what = merged_tasks(bucket_tasks(what, keywords.get("target"), keywords.get("winograd", True)))
+        if isinstance(what, (Graph, ModelTasks)):
             if options is not None:
                 keywords = {**_changed_fields(options), **keywords}
             given = keywords.pop("trials", None)  # from options=, where it is a field like the others
@@ -82,13 +88,14 @@ def tune(what: Any, trials: int | None = None, *, database: RecordStore | str | 
 
 
 def build(what: Any, database: RecordStore | str | None = None, *, check: bool = False,
-          **keywords: Any) -> Kernel | CompiledModel:
+          **keywords: Any) -> Kernel | CompiledModel | BucketedModel:
     """A Task's best recorded program as a Kernel (with no record, the best of a quick
     model-guided search, recorded: see `ansor.tuning.quick.build_task`), or a model graph
     compiled with its tasks' best records as a CompiledModel (see `graph.compiled.build_model`).
 
     Args:
-        what: A `Task`, or a model graph (`ansor.graph.Graph`).
+        what: A `Task`, a model graph (`ansor.graph.Graph`), or a dynamic one
+            (`graph.dynamic.DynamicGraph`: every bucket compiled now, a `BucketedModel`).
         database: A record store, a path, or None for the default database.
         check: Run the result once on random inputs and compare it with the numpy reference
             (a graph: `CompiledModel.check`, against `graph.reference.run_graph`; a Task:
@@ -104,6 +111,11 @@ def build(what: Any, database: RecordStore | str | None = None, *, check: bool =
     """
     store, owned = open_store(database)
     try:
+        if isinstance(what, DynamicGraph):
+            if check:
+                raise TypeError("build(check=True) of a dynamic graph: check a bucket's model "
+                                "(BucketedModel.models[k].check()) instead")
+            return build_bucketed(what, store, **keywords)
         if isinstance(what, Graph):
             if keywords.get("verbose", True) and "callbacks" not in keywords:
                 keywords["callbacks"] = [TuneProgress()]  # shown while tasks without records get programs

@@ -21,6 +21,12 @@ compiled graph once on Dynamo's example inputs and compare it with the eager gra
 tolerance of `CompiledModel.check`; a mismatch raises `OutputMismatchError` naming the first
 output out of tolerance instead of running a wrong answer or hiding it behind PyTorch; default
 False).
+
+Dynamic sizes (`torch.compile(model, backend="ansor", dynamic=True)`): a graph whose shapes hold
+symbols is built as a `graph.bucketed.BucketedModel` (see `graph.dynamic`): every symbol is a
+dimension with buckets up to `max_size` (option; else the symbol's own finite bound), all
+compiled at once, so a call of a new size within the maximum compiles nothing; `buckets`
+(option) gives the bucket sizes. A size past the maximum raises ValueError.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ def ansor_backend(gm: Any, example_inputs: Sequence[Any], options: dict | None =
     import torch
 
     opts = dict(options or {})
+    max_size = opts.pop("max_size", None)
+    buckets = opts.pop("buckets", None)
     database = opts.pop("database", None)
     trials = int(opts.pop("trials", 0))
     verbose = bool(opts.pop("verbose", True))
@@ -43,14 +51,23 @@ def ansor_backend(gm: Any, example_inputs: Sequence[Any], options: dict | None =
     check = bool(opts.pop("check", False))
     if opts:
         raise TypeError(f"ansor backend: unknown options {', '.join(sorted(opts))} "
-                        f"(known: check, database, trials, verbose, winograd)")
+                        f"(known: buckets, check, database, max_size, trials, verbose, winograd)")
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     weight_positions = [i for i, (node, x) in enumerate(zip(placeholders, example_inputs))
                         if isinstance(x, torch.nn.Parameter) or any(m in node.name for m in _WEIGHT_MARKERS)]
     activation_positions = [i for i in range(len(example_inputs)) if i not in set(weight_positions)]
     try:
-        compiled = _compile(gm, example_inputs, weight_positions, activation_positions, database, trials, verbose,
-                            winograd)
+        symbolic = _symbolic_dims(placeholders)
+        if symbolic:  # torch.compile(dynamic=True): the SymInt arguments are sizes, not inputs
+            scalars = _scalar_positions(placeholders, example_inputs)
+            activation_positions = [i for i in activation_positions
+                                    if isinstance(example_inputs[i], torch.Tensor) and i not in scalars]
+            compiled = _compile_dynamic(_with_scalars_fixed(gm, placeholders, scalars), example_inputs, placeholders, symbolic, weight_positions,
+                                        activation_positions, max_size, buckets, database, trials, verbose, winograd)
+            check = False  # the eager check runs on one size; BucketedModel's buckets are checked by their tests
+        else:
+            compiled = _compile(gm, example_inputs, weight_positions, activation_positions, database, trials,
+                                verbose, winograd)
     except Exception as err:  # anything the importer or builder cannot take runs in PyTorch
         if verbose:
             print(f"ansor: a graph of {len(gm.graph.nodes)} nodes runs in PyTorch: {err}", file=sys.stderr)
@@ -59,12 +76,15 @@ def ansor_backend(gm: Any, example_inputs: Sequence[Any], options: dict | None =
         _check_against_eager(gm, compiled, example_inputs, activation_positions, verbose)
     weights = [example_inputs[i] for i in weight_positions]
     versions = [w._version for w in weights]
+    fixed = scalars if symbolic else {}
     told = set()
 
     def run(*args: Any):
         reason = None
         if any(args[i] is not w or w._version != v for i, w, v in zip(weight_positions, weights, versions)):
             reason = "its weights changed since compilation"
+        elif any(args[i].item() != value for i, value in fixed.items()):
+            reason = "a scalar it was compiled with changed"
         elif torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             reason = "the call needs gradients (use torch.no_grad() for the compiled kernels)"
         if reason is not None:
@@ -92,6 +112,116 @@ def _compile(gm: Any, example_inputs: Sequence[Any], weight_positions: list[int]
     if trials > 0:
         tune(graph, trials=trials, database=database, progress=verbose, winograd=winograd)
     return build(graph, database=database, verbose=verbose, winograd=winograd)
+
+
+def _symbolic_dims(placeholders: Sequence[Any]) -> dict[str, tuple[int, Any]]:
+    """The symbols in the placeholders' example shapes (torch.compile(dynamic=True)): each
+    symbol's name -> (its upper bound, its SymInt), for symbols that are a plain dimension."""
+    import torch
+
+    found: dict[str, tuple[int, Any]] = {}
+    for node in placeholders:
+        value = node.meta.get("example_value")
+        dims = list(value.shape) if isinstance(value, torch.Tensor) else [value] if isinstance(value, torch.SymInt) else []
+        for d in dims:
+            if isinstance(d, torch.SymInt):
+                expr = d.node.expr
+                if expr.is_number:
+                    continue
+                if not expr.is_Symbol:
+                    raise TypeError(f"a graph size is the expression {expr}, not one symbolic dimension")
+                bound = d.node.shape_env.var_to_range.get(expr)
+                upper = bound.upper if bound is not None else None
+                finite = upper is not None and bool(getattr(upper, "is_finite", False)) and upper < (1 << 31)
+                found[str(expr)] = (int(upper) if finite else 0, d)
+    return found
+
+
+def _scalar_positions(placeholders: Sequence[Any], example_inputs: Sequence[Any]) -> dict[int, float]:
+    """Python numbers that Dynamo passes as 0-d tensors under dynamic=True (a module's eps or
+    dropout rate, read back with .item()): position -> value, fixed at compilation."""
+    import torch
+
+    found = {}
+    for i, (node, x) in enumerate(zip(placeholders, example_inputs)):
+        users = list(node.users)
+        if (isinstance(x, torch.Tensor) and x.ndim == 0 and users
+                and all(u.op == "call_method" and u.target == "item" for u in users)):
+            found[i] = x.item()
+    return found
+
+
+def _with_scalars_fixed(gm: Any, placeholders: Sequence[Any], scalars: dict[int, float]) -> Any:
+    """`gm` run node by node with each `.item()` of a scalar input answered by its value, so
+    that a static export sees a number instead of a data-dependent symbol."""
+    import torch
+
+    if not scalars:
+        return gm
+    values = {item: value for i, value in scalars.items() for item in placeholders[i].users}
+
+    class FixedScalars(torch.fx.Interpreter):
+        def run_node(self, n: Any) -> Any:
+            return values[n] if n in values else super().run_node(n)
+
+    def run(*args: Any) -> Any:
+        return FixedScalars(gm).run(*args)
+
+    return run
+
+
+def _compile_dynamic(gm: Any, example_inputs: Sequence[Any], placeholders: Sequence[Any], symbolic: dict,
+                     weight_positions: list[int], activation_positions: list[int], max_size: Any, buckets: Any,
+                     database: Any, trials: int, verbose: bool, winograd: bool):
+    """A graph over symbolic sizes as a `BucketedModel`: each bucket is the FX graph run at
+    that size (its SymInt arguments given the bucket's value) and imported statically. The
+    maximum is `max_size` (options), else the symbol's own finite bound."""
+    import torch
+
+    from ansor.api import build, tune
+    from ansor.graph.dynamic import DynamicDim, DynamicGraph
+    from ansor.graph.torch_importer import from_torch
+
+    dims = {}
+    for name, (upper, _) in symbolic.items():
+        declared = int(max_size) if max_size is not None else upper
+        if declared <= 0:
+            raise TypeError(f"symbolic size {name} has no maximum: give options={{'max_size': N}}")
+        dims[name] = DynamicDim(name, declared, 1, tuple(buckets or ()))
+    axes: dict[int, dict[int, str]] = {}
+    for k, i in enumerate(activation_positions):
+        value = placeholders[i].meta.get("example_value")
+        for axis, d in enumerate(value.shape):
+            if isinstance(d, torch.SymInt) and not d.node.expr.is_number:
+                axes.setdefault(k, {})[axis] = str(d.node.expr)
+    symbol_of = {i: str(placeholders[i].meta["example_value"].node.expr)
+                 for i, x in enumerate(example_inputs) if not isinstance(x, torch.Tensor)}
+
+    def make(sizes: dict[str, int]):
+        args = list(example_inputs)
+        for i, symbol in symbol_of.items():
+            args[i] = sizes[symbol]
+        for k, i in enumerate(activation_positions):
+            shape = list(args[i].shape)
+            for axis, symbol in axes.get(k, {}).items():
+                shape[axis] = sizes[symbol]
+            args[i] = torch.zeros(shape, dtype=args[i].dtype)
+        module = _bound_weights_module(gm, args, [i for i in range(len(args)) if i not in activation_positions])
+        return from_torch(module, tuple(args[i].detach() for i in activation_positions))
+
+    graph = DynamicGraph(dims, axes, make)
+    built: list[Any] = []
+
+    def run(*activations: Any):
+        # Built at the first call, outside Dynamo's compilation: an export inside it carries
+        # the frame's symbolic guards into the static graph of each bucket.
+        if not built:
+            if trials > 0:
+                tune(graph, trials=trials, database=database, progress=verbose, winograd=winograd)
+            built.append(build(graph, database=database, verbose=verbose, winograd=winograd))
+        return built[0](*activations)
+
+    return run
 
 
 def _check_against_eager(gm: Any, compiled: Any, example_inputs: Sequence[Any], activation_positions: list[int],
@@ -127,12 +257,16 @@ def _bound_weights_module(gm: Any, example_inputs: Sequence[Any], weight_positio
         def __init__(self) -> None:
             super().__init__()
             self.gm = gm
+            self.fixed = {i: example_inputs[i] for i in weight_positions
+                          if not isinstance(example_inputs[i], torch.Tensor)}  # sizes of a bucket
             for k, i in enumerate(weight_positions):
-                self.register_buffer(f"w{k}", example_inputs[i].detach())
+                if i not in self.fixed:
+                    self.register_buffer(f"w{k}", example_inputs[i].detach())
 
         def forward(self, *activations: Any):
             given = iter(activations)
-            weights = {i: getattr(self, f"w{k}") for k, i in enumerate(weight_positions)}
+            weights = {i: self.fixed[i] if i in self.fixed else getattr(self, f"w{k}")
+                       for k, i in enumerate(weight_positions)}
             out = self.gm(*[weights[i] if i in weights else next(given) for i in range(len(example_inputs))])
             return tuple(out) if isinstance(out, (tuple, list)) else out
 

@@ -11,7 +11,7 @@ set is an `UnsupportedOperatorError` naming it and its node, never a silent wron
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -55,7 +55,8 @@ class StaticInputRequired(UnsupportedOperatorError):
         self.input_name = input_name
 
 
-def from_onnx(model: Any, inputs: dict[str, Any] | None = None) -> Graph:
+def from_onnx(model: Any, inputs: dict[str, Any] | None = None, max_sizes: dict[str, int] | None = None,
+              buckets: dict[str, Sequence[int]] | None = None) -> Graph:
     """The graph of an ONNX model (an `onnx.ModelProto` or the path of a .onnx file) with
     static input shapes.
 
@@ -65,8 +66,16 @@ def from_onnx(model: Any, inputs: dict[str, Any] | None = None) -> Graph:
     naming it. An input with no elements (a shape with a 0) carries nothing but its type: it is
     known at import and is not an input of the graph. Every operator, attribute, output and
     element type the importer does not run exactly as ONNX defines it is an
-    `UnsupportedOperatorError` naming it."""
+    `UnsupportedOperatorError` naming it.
+
+    `max_sizes` {dim_param: maximum} serves inputs with symbolic dimensions: the result is a
+    `graph.dynamic.DynamicGraph` (one static import per bucket; `buckets` overrides the sizes)."""
     import onnx
+
+    if max_sizes:
+        from ansor.graph.dynamic import from_onnx_dynamic
+
+        return from_onnx_dynamic(model, max_sizes, inputs, buckets)
 
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)

@@ -64,12 +64,20 @@ def torch_dtype_name(dtype: "torch.dtype") -> str:
         raise UnsupportedOperatorError(f"dtype {dtype} has no numpy equivalent") from None
 
 
-def from_torch(module: "torch.nn.Module", example_inputs: Sequence[Any]) -> Graph:
+def from_torch(module: "torch.nn.Module", example_inputs: Sequence[Any], dynamic_shapes: Any = None,
+               buckets: dict[str, Sequence[int]] | None = None) -> Graph:
     """Export `module` (in eval mode) on `example_inputs` and map it to a validated Graph.
 
     Graph inputs are the module's tensor arguments in order (named after the forward
-    parameters); outputs are its tensor outputs, flattened in order."""
+    parameters); outputs are its tensor outputs, flattened in order. With `dynamic_shapes`
+    (torch.export's form, `Dim`s with a declared max) the result is a `graph.dynamic.DynamicGraph`
+    served by buckets (`buckets` {dim name: sizes} overrides the default powers of two)."""
     import torch
+
+    if dynamic_shapes is not None:
+        from ansor.graph.dynamic import from_torch_dynamic
+
+        return from_torch_dynamic(module, example_inputs, dynamic_shapes, buckets)
 
     program = torch.export.export(module.eval(), tuple(example_inputs))
     program = program.run_decompositions({})

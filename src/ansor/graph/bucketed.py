@@ -1,0 +1,192 @@
+"""A dynamic graph compiled once for every length up to its maximum: one static model per bucket.
+
+`bucket_tasks` turns each bucket of a `DynamicGraph` into an ordinary model (simplified, made
+sound for padded calls by `graph.padding`, cut into tasks); `merged_tasks` is all of their
+distinct tasks as one model for `tune_model`, each task named with the sizes it serves (the
+name is stored with its records: `..._seq17to32`). `build_bucketed` compiles every bucket at
+once (tasks shared by buckets are compiled once), so a call of a new length never compiles:
+`BucketedModel` pads the inputs to the smallest bucket that holds them, fills the lengths
+inputs the padding analysis added, runs that bucket's `CompiledModel` and cuts the outputs
+back to the kept positions.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ansor.graph import passes
+from ansor.graph.compiled import CompiledModel
+from ansor.graph.dynamic import DynamicGraph
+from ansor.graph.model_tasks import ModelTasks, extract_tasks
+from ansor.graph.padding import PaddingPlan, plan_padding, valid_indices
+from ansor.kernel import build_many
+from ansor.records import RecordStore
+from ansor.target import Target
+from ansor.tuning.callbacks import TuningCallback
+from ansor.tuning.quick import model_quick_seconds, quick_search_tasks, tasks_without_records
+
+
+@dataclass
+class Bucket:
+    """One bucket: its sizes, the padding plan of its graph and its tasks."""
+
+    sizes: dict[str, int]
+    plan: PaddingPlan
+    tasks: ModelTasks
+
+    @property
+    def label(self) -> str:
+        return ", ".join(f"{d} = {s}" for d, s in sorted(self.sizes.items()))
+
+
+def bucket_tasks(graph: DynamicGraph, target: Target | None = None, winograd: bool = True) -> list[Bucket]:
+    """Every bucket of `graph` as a model whose tasks are named with the sizes they serve."""
+    buckets = []
+    for sizes in graph.bucket_sizes():
+        static = graph.instantiate(sizes)
+        simplified = passes.simplify(static.copy(), winograd=winograd)
+        plan = plan_padding(simplified, graph.input_axes(static), sizes)
+        buckets.append(Bucket(sizes, plan, extract_tasks(plan.graph, target, simplify=False)))
+    _name_served_sizes(graph, buckets)
+    return buckets
+
+
+def _name_served_sizes(graph: DynamicGraph, buckets: list[Bucket]) -> None:
+    """Append to each task's name the range of every dimension it serves (over the buckets
+    that share it), so that its records say which sizes they serve."""
+    served: dict[str, dict[str, tuple[int, int]]] = {}
+    for b in buckets:
+        for task in b.tasks.tasks:
+            ranges = served.setdefault(task.workload_key, {})
+            for dim, size in b.sizes.items():
+                lo, hi = graph.dims[dim].served(size)
+                old = ranges.get(dim, (lo, hi))
+                ranges[dim] = (min(lo, old[0]), max(hi, old[1]))
+    for b in buckets:
+        for task in b.tasks.tasks:
+            suffix = "_".join(f"{d}{lo}to{hi}" for d, (lo, hi) in sorted(served[task.workload_key].items()))
+            task.name = f"{task.name}_{suffix}"
+
+
+def merged_tasks(buckets: Sequence[Bucket]) -> ModelTasks:
+    """The distinct tasks of all buckets as one model (weights summed over the buckets)."""
+    merged = ModelTasks(buckets[0].tasks.graph, [])
+    for b in buckets:
+        merged.pieces.extend(b.tasks.pieces)
+        for task, weight in zip(b.tasks.tasks, b.tasks.weights):
+            index = merged.task_index.setdefault(task.workload_key, len(merged.tasks))
+            if index == len(merged.tasks):
+                merged.tasks.append(task)
+                merged.weights.append(0)
+            merged.weights[index] += weight
+    return merged
+
+
+class BucketedModel:
+    """A dynamic graph's compiled buckets as one callable: inputs of any size within the
+    declared ranges (numpy arrays or torch CPU tensors, in the graph's input order), outputs
+    of the sizes the model gives at those sizes."""
+
+    def __init__(self, graph: DynamicGraph, buckets: list[Bucket], models: list[CompiledModel]):
+        self.graph = graph
+        self.buckets = buckets
+        self.models = models
+        self._by_sizes = {tuple(sorted(b.sizes.items())): k for k, b in enumerate(buckets)}
+
+    def bucket_for(self, *inputs: Any) -> Bucket:
+        """The bucket a call with these inputs runs."""
+        return self.buckets[self._by_sizes[tuple(sorted(self._bucket_sizes(self._sizes(inputs)).items()))]]
+
+    def _sizes(self, arrays: Sequence[Any]) -> dict[str, int]:
+        n = len(self.buckets[0].tasks.graph.inputs) - len(self.buckets[0].plan.lengths_inputs)
+        if len(arrays) != n:
+            raise TypeError(f"the model takes {n} inputs, got {len(arrays)}")
+        sizes: dict[str, int] = {}
+        for i, axes in self.graph.dynamic_axes.items():
+            shape = np.shape(arrays[i])
+            for axis, dim in axes.items():
+                if axis >= len(shape):
+                    raise ValueError(f"input {i} has rank {len(shape)}, no axis {axis} ({dim})")
+                if sizes.setdefault(dim, int(shape[axis])) != shape[axis]:
+                    raise ValueError(f"input {i} axis {axis} is {shape[axis]}, another input has {dim} = "
+                                     f"{sizes[dim]}")
+        return sizes
+
+    def _bucket_sizes(self, sizes: dict[str, int]) -> dict[str, int]:
+        return {dim: self.graph.dims[dim].bucket(size) for dim, size in sizes.items()}
+
+    def __call__(self, *inputs: Any):
+        as_torch = any(type(x).__module__.startswith("torch") for x in inputs)
+        arrays = [x.detach().cpu().numpy() if type(x).__module__.startswith("torch") else np.asarray(x)
+                  for x in inputs]
+        sizes = self._sizes(arrays)
+        padded_sizes = self._bucket_sizes(sizes)
+        k = self._by_sizes[tuple(sorted(padded_sizes.items()))]
+        bucket, model = self.buckets[k], self.models[k]
+        padded = [_pad(x, self.graph.dynamic_axes.get(i, {}), padded_sizes) for i, x in enumerate(arrays)]
+        g = bucket.plan.graph
+        for dim, name in bucket.plan.lengths_inputs.items():
+            padded.append(np.full(g.type_of(name).shape, sizes[dim], dtype=g.type_of(name).dtype))
+        outs = model(*padded)
+        outs = list(outs) if isinstance(outs, tuple) else [outs]
+        results = [_cut(o, roles, padded_sizes, sizes) for o, roles in zip(outs, bucket.plan.output_roles)]
+        if as_torch:
+            import torch
+
+            results = [torch.from_numpy(r) for r in results]
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def summary(self) -> str:
+        """One line per bucket: the sizes it serves and its model's summary line."""
+        lines = []
+        for b, m in zip(self.buckets, self.models):
+            served = ", ".join(f"{d} {'..'.join(map(str, self.graph.dims[d].served(s)))}" for d, s in
+                               sorted(b.sizes.items()))
+            lines.append(f"bucket {b.label} (serves {served}): {m.summary().splitlines()[0]}")
+        return "\n".join(lines)
+
+
+def _pad(x: np.ndarray, axes: dict[int, str], sizes: dict[str, int]) -> np.ndarray:
+    if not axes:
+        return x
+    shape = list(x.shape)
+    for axis, dim in axes.items():
+        shape[axis] = sizes[dim]
+    out = np.zeros(shape, dtype=x.dtype)
+    out[tuple(slice(0, n) for n in x.shape)] = x
+    return out
+
+
+def _cut(out: np.ndarray, roles: tuple, padded: dict[str, int], sizes: dict[str, int]) -> np.ndarray:
+    for axis, factors in enumerate(roles):
+        keep = valid_indices(out.shape[axis], factors, padded, sizes)
+        if keep is not None:
+            out = np.take(out, keep, axis=axis)
+    return np.ascontiguousarray(out)
+
+
+def build_bucketed(graph: DynamicGraph, store: RecordStore | None = None, target: Target | None = None,
+                   verbose: bool = True, winograd: bool = True, quick_seconds: float | None = None,
+                   callbacks: Sequence[TuningCallback] = ()) -> BucketedModel:
+    """Compile every bucket of `graph` with the best records of `store` (tasks without records
+    first get the quick search, as in `build_model`); nothing is compiled after this."""
+    buckets = bucket_tasks(graph, target, winograd=winograd)
+    merged = merged_tasks(buckets)
+    seconds = model_quick_seconds() if quick_seconds is None else quick_seconds
+    if store is not None and not store.read_only and seconds > 0:
+        missing = tasks_without_records(merged.tasks, store)
+        if missing:
+            quick_search_tasks(missing, store, seconds, callbacks=callbacks, timing=merged.measured_as_in_model())
+    by_workload = dict(zip((t.workload_key for t in merged.tasks), build_many(merged.tasks, store)))
+    if verbose:
+        untuned = sum(1 for k in by_workload.values() if k.record is None)
+        print(f"ansor: {graph}: {len(buckets)} buckets, {len(by_workload)} distinct kernels"
+              + (f" ({untuned} untuned)" if untuned else ""), file=sys.stderr)
+    models = [CompiledModel(b.tasks, {key: by_workload[b.tasks.tasks[i].workload_key]
+                                      for key, i in b.tasks.task_index.items()}, source=b.plan.graph)
+              for b in buckets]
+    return BucketedModel(graph, buckets, models)
