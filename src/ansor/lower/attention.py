@@ -61,6 +61,11 @@ class AttentionKnobs:
 DEFAULT_KNOBS = AttentionKnobs(query_tile=48, key_tile=48, key_rows=8, query_rows=6, value_chunk=64)
 
 
+#: The longest query and key tiles written: their buffers live on the stack of each thread,
+#: so a mutated knob beyond the annotation's menus is clipped rather than overflowing it.
+MAX_TILE = 256
+
+
 def template_stage(state: State) -> int | None:
     """The index of the attention template stage of the program, or None."""
     for sid, stage in enumerate(state.stages):
@@ -160,8 +165,8 @@ class _Writer:
         self.dtype = parts.q.dtype
         self.batch, self.heads, self.lq, self.d = parts.q.shape
         self.lk, self.dv = parts.k.shape[2], parts.v.shape[3]
-        self.qt = max(1, min(knobs.query_tile, self.lq))
-        self.kt = max(1, min(knobs.key_tile, self.lk))
+        self.qt = max(1, min(knobs.query_tile, self.lq, MAX_TILE))
+        self.kt = max(1, min(knobs.key_tile, self.lk, MAX_TILE))
         self.rq = max(1, min(knobs.query_rows, self.qt))
         self.rk = max(1, min(knobs.key_rows, self.kt))
         self.w = knobs.value_chunk if 0 < knobs.value_chunk <= self.dv and self.dv % knobs.value_chunk == 0 \
