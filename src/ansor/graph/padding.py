@@ -86,6 +86,7 @@ def plan_padding(graph: Graph, dynamic_axes: dict[str, dict[int, str]], sizes: d
     for node in list(g.nodes):
         ins = [roles.get(i) or _none(g, i) for i in node.inputs]
         roles[node.output] = planner.rule(node, ins) if any(any(r) for r in ins) else _none(g, node.output)
+    g.remove_dead()  # a zero mask dropped from an attention
     g.validate()
     return PaddingPlan(g, [roles.get(o) or _none(g, o) for o in g.outputs], planner.lengths)
 
@@ -251,6 +252,10 @@ def _attention(g: Graph, node: Node, ins: list[Roles], lengths: dict[str, str]) 
         if len(key_factors) != 1 or next(iter(key_factors)).inner != 1:
             raise _refuse(node, "its key axis mixes padded dimensions")
         dim = next(iter(key_factors)).dim
+        if node.attrs["mask"] == "additive" and g.is_constant(node.inputs[3]) \
+                and not np.any(g.constants[node.inputs[3]]):
+            node.inputs = node.inputs[:3]  # a mask of zeros (a model's default "attend to all") hides nothing
+            node.attrs = {**node.attrs, "mask": "none"}
         if node.attrs["mask"] == "additive":
             raise _refuse(node, f"an additive mask cannot hide the keys padded along {dim!r}")
         aligned = node.attrs["causal"] and q[2] == key_factors and \
