@@ -142,6 +142,11 @@ def test_attention_products_run_as_register_tiles():
     assert "register tile: scores_t in 24 " in source and "register tile: tile_out in 24 " in source
     source, _ = generate_c(lower(_with_knobs(task, 48, 12, 64, 64, 16)), vector_bytes=64, vector_registers=32)
     assert "register tile" not in source
+    # one query (decoding): each score a dot product, as partial sums over the head dimension
+    q1 = te.placeholder((1, 2, 1, 64), name="q")
+    task = ansor.Task([q1, k, v, attention(q1, k, v)])
+    source, _ = generate_c(lower(_with_knobs(task, 1, 1, 64, 64, 8)), vector_bytes=64, vector_registers=32)
+    assert "register tile: partial in 8 " in source and "register tile: tile_out in 4 " in source
 
 
 def test_attention_program_never_stores_the_score_matrix():

@@ -24,6 +24,11 @@ value row loaded). The full score matrix is never stored. Key tiles that a causa
 padding lengths hide entirely are skipped; the last, shorter key tile and the last blocks of a
 tile are written with their own extents, so no key or query outside the tensors is read.
 
+A tile of fewer than FEW_QUERIES queries (decoding: one) fills too few lanes for that; its
+scores are dot products instead, each query row against RK key rows at once as vectors of
+partial sums along the head dimension (contiguous loads of both, in registers), added up by a
+tree, and its exponentials run with the keys as lanes.
+
 The knobs, all search parameters (`search.template`): the query tile QT as RQ-query blocks,
 the key tile KT as RK-key blocks, and the value columns W of a weighted-sum block.
 """
@@ -60,6 +65,10 @@ class AttentionKnobs:
 #: falls back to all of them.
 DEFAULT_KNOBS = AttentionKnobs(query_tile=48, key_tile=48, key_rows=8, query_rows=6, value_chunk=64)
 
+
+#: Query tiles shorter than this fill too few vector lanes for the queries-as-lanes scores: their
+#: scores are dot products along the head dimension instead (decoding: one query).
+FEW_QUERIES = 8
 
 #: The longest query and key tiles written: their buffers live on the stack of each thread,
 #: so a mutated knob beyond the annotation's menus is clipped rather than overflowing it.
@@ -155,6 +164,13 @@ def _blocks(rows: int, block: int, nest: Callable[[E.Expr, E.Var, int], ir.Stmt]
     return ir.seq(out)
 
 
+def _tree_sum(values: list[E.Expr]) -> E.Expr:
+    """The sum of `values` as a balanced tree of adds."""
+    while len(values) > 1:
+        values = [values[n] + values[n + 1] if n + 1 < len(values) else values[n] for n in range(0, len(values), 2)]
+    return values[0]
+
+
 class _Writer:
     """Writes the loop nest of one attention program."""
 
@@ -172,6 +188,9 @@ class _Writer:
         self.w = knobs.value_chunk if 0 < knobs.value_chunk <= self.dv and self.dv % knobs.value_chunk == 0 \
             else self.dv
         self.n_q = -(-self.lq // self.qt)
+        # few queries: each score a dot product of a query row and a key row, as `dot_lanes`
+        # partial sums (a vector of the head dimension) added up afterwards
+        self.dot_lanes = next((n for n in (16, 8) if self.d % n == 0), 0) if self.qt < FEW_QUERIES else 0
 
     def c(self, value: float) -> E.Expr:
         return E.const(value, self.dtype)
@@ -179,7 +198,8 @@ class _Writer:
     # -- the program ----------------------------------------------------------------------------
     def program(self) -> ir.Stmt:
         qt, dt = self.qt, self.dtype
-        self.q_t = ir.Buffer("q_t", (self.d, qt), dt, "local")
+        self.q_t = (ir.Buffer("q_rows", (qt, self.d), dt, "local") if self.dot_lanes
+                    else ir.Buffer("q_t", (self.d, qt), dt, "local"))
         self.m = ir.Buffer("row_max", (qt,), dt, "local")
         self.l = ir.Buffer("row_sum", (qt,), dt, "local")
         self.acc = ir.Buffer("acc", (qt, self.dv), dt, "local")
@@ -215,9 +235,12 @@ class _Writer:
         return E.if_then_else(E.compare("<", i, _i(self.lq)), i, _i(0))
 
     def load_queries(self) -> ir.Stmt:
-        """q_t[d, qi] = q[n, h, q0 + qi, d] * scale: scaled once here, not per score."""
-        return _loop("qi", self.qt, lambda qi: _loop("dd", self.d, lambda dd: ir.Store(
-            self.q_t, (dd, qi), self.read(self.p.q, (self.n, self.h, self.query_row(qi), dd)) * self.c(self.p.scale))))
+        """q_t[d, qi] = q[n, h, q0 + qi, d] * scale (q_rows[qi, d] for dot-product scores):
+        scaled once here, not per score."""
+        def store(qi, dd):
+            value = self.read(self.p.q, (self.n, self.h, self.query_row(qi), dd)) * self.c(self.p.scale)
+            return ir.Store(self.q_t, (qi, dd) if self.dot_lanes else (dd, qi), value)
+        return _loop("qi", self.qt, lambda qi: _loop("dd", self.d, lambda dd: store(qi, dd)))
 
     def key_tile(self, k0: E.Expr, keys: int) -> ir.Stmt:
         """One tile of `keys` keys from key k0, skipped where every key of it is masked."""
@@ -256,6 +279,8 @@ class _Writer:
     def scores(self, k0: E.Expr, keys: int) -> ir.Stmt:
         """s_t[ki, qi] += K[k0 + ki, d] * q_t[d, qi], in blocks of RK keys: for each block the
         loop over d runs inside, so its RK x QT accumulators stay in registers."""
+        if self.dot_lanes:
+            return self.dot_scores(k0, keys)
         def block(first, _b, rows):
             return _loop("dd", self.d, lambda dd: _loop("r", rows, lambda r: _loop("qi", self.qt, lambda qi: ir.Store(
                 self.s_t, (first + r, qi),
@@ -263,6 +288,30 @@ class _Writer:
                 + self.read(self.p.k, (self.n, self.hk, k0 + first + r, dd)) * ir.BufferLoad(self.q_t, (dd, qi))),
                 "vectorized")))
         return _blocks(keys, self.rk, block)
+
+    def dot_scores(self, k0: E.Expr, keys: int) -> ir.Stmt:
+        """For each query: partial[ki, l] += q_rows[qi, c*L + l] * K[k0 + ki, c*L + l] over the
+        head dimension's chunks c of L, in blocks of RK keys (both operands contiguous, the
+        block's accumulators in registers), then s_t[ki, qi] = the sum of partial[ki, :] as a
+        balanced tree of adds (short dependency chains)."""
+        lanes = self.dot_lanes
+        partial = ir.Buffer("partial", (keys, lanes), self.dtype, "local")
+
+        def block(qi):
+            def nest(first, _b, rows):
+                return _loop("c", self.d // lanes, lambda c: _loop("r", rows, lambda r: _loop("l", lanes, lambda l_: ir.Store(
+                    partial, (first + r, l_),
+                    ir.BufferLoad(partial, (first + r, l_))
+                    + ir.BufferLoad(self.q_t, (qi, c * _i(lanes) + l_))
+                    * self.read(self.p.k, (self.n, self.hk, k0 + first + r, c * _i(lanes) + l_))), "vectorized")))
+            return ir.Allocate(partial, ir.seq([  # per query, so the register-tile pass sees its nests
+                _loop("ki", keys, lambda ki: _loop("l", lanes, lambda l_: ir.Store(partial, (ki, l_), self.c(0.0)),
+                                                   "vectorized")),
+                _blocks(keys, self.rk, nest),
+                _loop("ki", keys, lambda ki: ir.Store(self.s_t, (ki, qi), _tree_sum(
+                    [ir.BufferLoad(partial, (ki, _i(l_))) for l_ in range(lanes)]))),
+            ]))
+        return _loop("qi", self.qt, block)
 
     def mask(self, k0: E.Expr, keys: int) -> ir.Stmt | None:
         """The additive mask added and masked keys set to -inf. The causal and padding masks
@@ -318,6 +367,9 @@ class _Writer:
                 ir.Store(m, (qi,), ld(mx, qi)),
                 ir.Store(mx, (qi,), finite(ld(mx, qi))),  # the offset the exponentials take
             ]), "vectorized"),
+            # with few queries the keys are the lanes of the exponentials (contiguous for one)
+            _loop("qi", qt, lambda qi: _loop("ki", keys, lambda ki: ir.Store(
+                s_t, (ki, qi), E.exp(ld(s_t, ki, qi) - ld(mx, qi))), "vectorized")) if self.dot_lanes else
             _loop("ki", keys, lambda ki: _loop("qi", qt, lambda qi: ir.Store(
                 s_t, (ki, qi), E.exp(ld(s_t, ki, qi) - ld(mx, qi))), "vectorized")),
             _loop("ki", keys, lambda ki: _loop("qi", qt, lambda qi: ir.Store(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 
+from ansor.lower.attention import FEW_QUERIES
 from ansor.schedule.state import ScheduleError, State
 from ansor.schedule.steps import SplitStep
 from ansor.search.params import SearchParams
@@ -73,7 +74,9 @@ def annotate_template(sketch_steps: list, dag, rng: random.Random, params: Searc
     w = rng.choice(chunks)
     rq = rng.choice(_rows(qt, -(-w // lanes), vector_registers))
     kt = rng.choice(_menu(KEY_TILES, lk))
-    rk = rng.choice(_rows(kt, -(-qt // lanes), vector_registers))
+    # a scores block holds RK x QT/lanes accumulators, or (few queries: dot products along the
+    # head dimension) RK accumulators and RK key vectors
+    rk = rng.choice(_rows(kt, 2 if qt < FEW_QUERIES else -(-qt // lanes), vector_registers))
     lengths = [(qt // rq, rq), (w,), (kt // rk, rk)]
     steps, k = [], 0
     for step in sketch_steps:
