@@ -131,12 +131,12 @@ def run_on_gpu(args) -> list[dict]:
         tuned_s = time.perf_counter() - started
         kernel = ansor.build(task, database=database)
         module = GPUModule.parse(kernel.source)
-        with tempfile.TemporaryDirectory() as tmp:
-            cu = Path(tmp) / "best.cu"
-            cu.write_text(kernel.source)
-            subprocess.run(["nvcc", "-cubin", f"-arch={args.arch}", "-o", str(cu.with_suffix(".cubin")), str(cu)],
-                           check=True, capture_output=True)
-            raw = cupy.RawModule(path=str(cu.with_suffix(".cubin")))
+        tmp = tempfile.mkdtemp(prefix="ansor-gemm-")  # kept: cupy loads the cubin lazily, at get_function
+        cu = Path(tmp) / "best.cu"
+        cu.write_text(kernel.source)
+        subprocess.run(["nvcc", "-cubin", f"-arch={args.arch}", "-o", str(cu.with_suffix(".cubin")), str(cu)],
+                       check=True, capture_output=True)
+        raw = cupy.RawModule(path=str(cu.with_suffix(".cubin")))
         torch_dtype = getattr(torch, dtype)
         gen = torch.Generator(device="cuda").manual_seed(args.seed)
         a = torch.randn(args.size, args.size, device="cuda", generator=gen).to(torch_dtype)
