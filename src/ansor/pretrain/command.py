@@ -23,6 +23,9 @@ examples:
   ansor pretrain train --databases corpus.db models.db --folds 5 --install
   # or: the shipped model's trees kept and more grown on another machine's corpus
   ansor pretrain train --databases corpus.db --continue-shipped --rounds 300 --install
+  # the CUDA model, from the records of a lent GPU's runs (held out: one workload per fold)
+  ansor pretrain train --records gpu_records.jsonl gpu_tc.jsonl --target cuda-sm_90 --folds 2 \
+      --device "NVIDIA H100 80GB HBM3" --install
   # rank the records of workloads no model has seen (the suite's 300-trial databases)
   ansor pretrain score --databases tuned300/*.db --models a.model.json b.model.json
 """
@@ -60,8 +63,14 @@ def add_pretrain_parser(sub: Any) -> argparse.ArgumentParser:
     t = steps.add_parser("train", help="score on held-out workloads, train on all, install",
                          description="Judge the model on workloads left out of its training (folds of "
                                      "workloads), then train it on every program and write it where asked.")
-    t.add_argument("--databases", nargs="+", required=True,
-                   help="databases of measured corpus programs (default: none, required)")
+    t.add_argument("--databases", nargs="+", default=[],
+                   help="databases of measured corpus programs (default: none; these or --records)")
+    t.add_argument("--records", nargs="+", default=[],
+                   help="JSON-lines record files (`ansor export`, a lent GPU's run) read into memory "
+                        "beside the databases, each named with its count in the provenance (default: none)")
+    t.add_argument("--device", default=None,
+                   help="the device the records were measured on, for the provenance (default: this "
+                        "machine's CPU; name the GPU for GPU records)")
     t.add_argument("--target", default=None, help="target key (default: the first database's first target)")
     t.add_argument("--folds", type=int, default=5, help="workload folds for the held-out scores (1: none; default 5)")
     t.add_argument("--seed", type=int, default=0, help="seed of the folds and the models (default 0)")
@@ -99,9 +108,17 @@ def run_pretrain(args: argparse.Namespace, open_store: Callable[..., Any],
         if args.pretrain_command == "train":
             from ansor.pretrain.train import train
 
+            record_files = getattr(args, "records", [])
+            if not stores and not record_files:
+                raise ValueError("train: give --databases or --records")
+            if record_files:
+                memory = stack.enter_context(open_store(":memory:")[0])
+                counts = [(path, memory.import_jsonl(path)) for path in record_files]
+                stores.append(memory)
             train(stores, args.target, folds=args.folds, seed=args.seed, rounds=args.rounds,
                   continue_shipped=args.continue_shipped, install=args.install, output=args.output,
-                  json_path=args.json)
+                  json_path=args.json, device=args.device,
+                  record_files=counts if record_files else ())
             return 0
         from ansor.pretrain.score import score
 

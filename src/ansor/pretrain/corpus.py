@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from ansor.records import RecordStore
+from ansor.target import Target
 from ansor.task import Task
 from ansor.tuning.dataset import Dataset, load_dataset
 from ansor.workloads import make_task
@@ -122,12 +123,27 @@ def load_corpus(stores: Sequence[RecordStore], target_key: str | None = None) ->
             if not keys:
                 raise ValueError(f"{store.path} holds no records")
             target_key = keys[0]
-        part = load_dataset(store, target_key)
+        part = load_dataset(store, target_key, feature_target=gpu_target(store, target_key))
         data.features += part.features
         data.costs += part.costs
         data.groups += part.groups
         data.skipped += part.skipped
     return data, target_key
+
+
+def gpu_target(store: RecordStore, target_key: str) -> Target | None:
+    """The GPU target a store describes under `target_key`, whose programs are featurized as
+    they run there (as a GPU tuning job featurizes them); None for a CPU target, whose
+    programs keep the features of this machine's CPU, as the CPU model was always trained."""
+    entry = store.target(target_key) or {}
+    try:
+        target = Target(**entry["description"])
+    except (KeyError, TypeError):
+        if target_key.startswith(("cuda", "opencl")):
+            raise ValueError(f"{store.path} does not describe the GPU target {target_key}: its programs "
+                             f"cannot be featurized as they run there") from None
+        return None
+    return None if target.kind == "cpu" else target
 
 
 def usable_programs(data: Dataset) -> np.ndarray:

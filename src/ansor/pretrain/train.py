@@ -102,6 +102,31 @@ def held_out_scores(data: Dataset, folds: int, seed: int, log: Callable[[str], N
             "own_records": ranking_scores(np.concatenate(own_pred), truth[test], groups)}
 
 
+def target_kind(target_key: str) -> str:
+    """The kind of target a key names (`cpu-...`, `cuda-sm_90`, `opencl-...`): which shipped
+    model file its records train."""
+    kind = target_key.split("-", 1)[0]
+    if kind not in ("cpu", "cuda", "opencl"):
+        raise ValueError(f"target key {target_key!r} names no known target kind (cpu, cuda, opencl)")
+    return kind
+
+
+def _kind_target(kind: str) -> Target:
+    return Target.cuda() if kind == "cuda" else Target.opencl()
+
+
+def untrained_scores(data: Dataset, scores: dict[str, Any]) -> dict[str, float]:
+    """The held-out programs ranked by the model a job has without a pretrained one (an
+    XGBModel before its first fit scores at random): the floor the held-out scores are read
+    against."""
+    truth = normalized_throughputs(data.costs, data.groups)
+    usable = usable_programs(data)
+    held = {row["workload"] for row in scores["workloads"]}
+    idx = np.array([i for i in range(len(data.costs)) if usable[i] and data.groups[i] in held])
+    pred = XGBModel(seed=0).predict([data.features[i] for i in idx])  # untrusted: random scores
+    return ranking_scores(np.asarray(pred, dtype=float), truth[idx], [data.groups[i] for i in idx])
+
+
 def commit() -> str:
     """The source tree's commit (short hash), or "unknown" outside a git checkout."""
     try:
@@ -127,7 +152,8 @@ def machine() -> str:
 
 def train(databases: Sequence[RecordStore], target_key: str | None = None, folds: int = 5, seed: int = 0,
           rounds: int = PRETRAIN_ROUNDS, continue_shipped: bool = False, install: bool = False,
-          output: str | None = None, json_path: str | None = None,
+          output: str | None = None, json_path: str | None = None, device: str | None = None,
+          record_files: Sequence[tuple[str, int]] = (),
           log: Callable[[str], None] = print) -> tuple[XGBModel, dict[str, Any]]:
     """Score the settings on held-out workloads (`folds` > 1), fit a model on every usable
     program of the databases, and write it where asked; returns the model and its provenance.
@@ -144,6 +170,10 @@ def train(databases: Sequence[RecordStore], target_key: str | None = None, folds
         install: Write the model and its provenance into the package.
         output: Write the model file here as well (`XGBModel.load` reads it).
         json_path: Write the provenance, with the per-workload held-out scores, here.
+        device: Where the programs were measured (default: this machine's CPU): the GPU's
+            name for GPU records, which were measured elsewhere.
+        record_files: (file, records read) of JSON-lines files among the databases, named in
+            the provenance.
         log: Gets the progress lines.
 
     Raises:
@@ -166,18 +196,23 @@ def train(databases: Sequence[RecordStore], target_key: str | None = None, folds
                 f"{s['pairwise_accuracy']:.3f}, top-10 recall {s['top10_recall']:.3f}")
     start = time.perf_counter()
     base, earlier = None, None
+    kind = target_kind(target)
     if continue_shipped:
-        shipped, earlier = load_pretrained(Target.host()), provenance()
+        shipped, earlier = load_pretrained(Target.host() if kind == "cpu" else _kind_target(kind)), provenance(kind)
         if shipped is None or earlier is None:
             raise ValueError("--continue-shipped: the package has no pretrained model (and provenance) to continue")
         base = shipped.base
     model = fit(data, usable, seed, rounds=rounds, base=base)  # its booster holds base's trees too
     log(f"final model: {model.last_fit_info.get('rounds')} rounds in {time.perf_counter() - start:.1f} s")
     info: dict[str, Any] = {
-        "commit": commit(), "date": datetime.date.today().isoformat(), "machine": machine(),
+        "commit": commit(), "date": datetime.date.today().isoformat(), "machine": device or machine(),
         "target": target, "workloads": n_workloads, "programs": int(usable.size),
-        "databases": [Path(str(store.path)).name for store in databases], "params": PRETRAIN_PARAMS,
-        "rounds": model.last_fit_info.get("rounds"), "held_out_scores": scores}
+        "databases": [Path(str(store.path)).name for store in databases if str(store.path) != ":memory:"],
+        "params": PRETRAIN_PARAMS, "rounds": model.last_fit_info.get("rounds"), "held_out_scores": scores}
+    if record_files:
+        info["record_files"] = [{"file": Path(path).name, "records": count} for path, count in record_files]
+    if scores is not None and kind != "cpu":
+        info["held_out_scores"]["untrained"] = untrained_scores(data, scores)
     if earlier is not None:
         info["continued_from"] = earlier
     if json_path:
@@ -186,7 +221,9 @@ def train(databases: Sequence[RecordStore], target_key: str | None = None, folds
         model.save(output)
         log(f"wrote {output} ({Path(output).stat().st_size / 1e6:.1f} MB)")
     if install:
-        summary = None if scores is None else {k: scores[k] for k in ("folds", "pretrained", "own_records")}
-        path = save_pretrained(model, info | {"held_out_scores": summary})
+        summary = None if scores is None else {k: v for k, v in scores.items() if k != "workloads"}
+        if scores is not None and kind != "cpu":  # a few workloads: each one's held-out scores are the evidence
+            summary["workloads"] = scores["workloads"]
+        path = save_pretrained(model, info | {"held_out_scores": summary}, kind)
         log(f"installed {path} ({path.stat().st_size / 1e6:.1f} MB)")
     return model, info
