@@ -35,6 +35,7 @@ import numpy as np
 
 from ansor.records import RecordStore
 from ansor.graph.ir import Graph, Node
+from ansor.graph.kv_cache import cache_write_call, state_inputs
 from ansor.graph.memory_plan import MemoryPlan, PlannedStep, plan_memory
 from ansor.graph.model_tasks import ModelPiece, ModelTasks, extract_tasks
 from ansor.graph.reference import check_indices, gathered_indices, random_inputs, run_graph
@@ -147,7 +148,12 @@ class CompiledModel:
     Inputs follow the one rule of compiled callables (`ansor.kernel.input_array`, as for a
     `Kernel`): an array or tensor must have the dtype the graph declares (a float64 array for
     a float32 input raises TypeError naming the input), a Python list is converted. A gather id
-    outside its table raises IndexError naming the operator and the ids."""
+    outside its table raises IndexError naming the operator and the ids.
+
+    A graph with key/value caches (`cache_write`, `graph.kv_cache`) has *state*: its cache
+    inputs live in buffers the model owns (`state`, zeroed by `reset_state`), which a call
+    neither takes nor copies; the call takes the other inputs, and each step writes its new
+    rows into the caches in place."""
 
     def __init__(self, tasks: ModelTasks, kernels: dict[str, Kernel], source: Graph | None = None):
         self.tasks = tasks
@@ -157,13 +163,16 @@ class CompiledModel:
         g = self.graph
         self._nbytes = {n: int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
                         for n, t in g.types.items()}
-        planned = [PlannedStep(tuple(p.subgraph.inputs), tuple(p.subgraph.outputs), p.view_of)
+        self._state_writes = state_inputs(g)  # cache input -> the value written into it
+        planned = [PlannedStep(tuple(p.subgraph.inputs), tuple(p.subgraph.outputs), p.view_of, p.in_place)
                    for p in tasks.pieces]
         self.memory: MemoryPlan = plan_memory(planned, self._nbytes, g.inputs,
                                               [o for o in g.outputs if o in g.types])
         self._storage = [aligned_empty((max(size, 1),), np.uint8) for size in self.memory.sizes]
         self._values: dict[str, np.ndarray] = {name: self._view(name) for name in self.memory.storage}
         self._values.update(g.constants)
+        for cache in self._state_writes:
+            self._values[cache].fill(0)
         self._view_source = {p.subgraph.outputs[0]: p.view_of for p in tasks.pieces if p.view_of is not None}
         self.steps: list[Step] = [self._make_step(p) for p in tasks.pieces]
         self._runs = [s.run for s in self.steps if s.kind != "view"]
@@ -181,6 +190,12 @@ class CompiledModel:
 
     def _make_step(self, piece: ModelPiece) -> Step:
         sub = piece.subgraph
+        if piece.in_place:
+            node = sub.nodes[0]
+            cache, rows, position = (self._values[n] for n in node.inputs)
+            checks = tuple(self._index_check(sub.graph, node, p, size, negative)
+                           for p, size, negative in gathered_indices(node, [cache, rows, position]))
+            return Step(piece, "cache_write", cache_write_call(node, cache, rows, position), index_checks=checks)
         if piece.view_of is not None:
             return Step(piece, "view", lambda: None)
         ins = [self._values[n] for n in sub.inputs]
@@ -237,18 +252,35 @@ class CompiledModel:
 
     # ----------------------------------------------------------------------- calling
 
+    @property
+    def state(self) -> dict[str, np.ndarray]:
+        """The key/value caches the model owns, by input name: its own buffers (writing into
+        them sets the state; their addresses never change), empty for a model without caches."""
+        return {name: self._values[name] for name in self._state_writes}
+
+    @property
+    def call_inputs(self) -> list[str]:
+        """The inputs a call takes, in order: the graph's inputs less the state."""
+        return [name for name in self.graph.inputs if name not in self._state_writes]
+
+    def reset_state(self) -> None:
+        """Zero every cache (a new sequence)."""
+        for buffer in self.state.values():
+            buffer.fill(0)
+
     def nbytes(self, value: str) -> int:
         """Bytes of a value of the graph (an input, output or intermediate)."""
         return self._nbytes[value]
 
     def __call__(self, *inputs: Any):
         g = self.graph
-        if len(inputs) != len(g.inputs):
-            raise TypeError(f"the model takes {len(g.inputs)} inputs ({', '.join(g.inputs)}), got {len(inputs)}")
+        names = self.call_inputs
+        if len(inputs) != len(names):
+            raise TypeError(f"the model takes {len(names)} inputs ({', '.join(names)}), got {len(inputs)}")
         as_torch = any(_is_torch(x) for x in inputs)
         arrays = [input_array(name, x, tuple(g.types[name].shape), g.types[name].dtype)
-                  for name, x in zip(g.inputs, inputs)]
-        for name, array in zip(g.inputs, arrays):
+                  for name, x in zip(names, inputs)]
+        for name, array in zip(names, arrays):
             np.copyto(self._values[name], array)
         # numpy steps hold the BLAS to one thread: no BLAS workers left spinning on the kernels' cores
         with single_threaded_blas() if self.tasks.fallbacks else nullcontext():
@@ -282,7 +314,16 @@ class CompiledModel:
         passes are checked too). Returns the report; `report.ok` says whether all outputs are
         within the tolerance (`rtol`, see `CheckReport`)."""
         arrays = list(inputs) if inputs else random_inputs(self.source, seed=seed)
-        got = self(*arrays)
+        if self._state_writes:  # the state as given (or random), then the call on the rest
+            if len(arrays) != len(self.source.inputs):
+                raise TypeError(f"check of a model with state takes every graph input, caches included "
+                                f"({', '.join(self.source.inputs)})")
+            given = dict(zip(self.source.inputs, arrays))
+            for name, buffer in self.state.items():
+                np.copyto(buffer, given[name])
+            got = self(*(given[n] for n in self.call_inputs))
+        else:
+            got = self(*arrays)
         got = list(got) if isinstance(got, tuple) else [got]
         types = self.source.types
         given = [input_array(n, x, tuple(types[n].shape), types[n].dtype) for n, x in zip(self.source.inputs, arrays)]

@@ -44,6 +44,9 @@ class ExportError(RuntimeError):
 def export_library(model: "CompiledModel", path: str | os.PathLike, name: str | None = None) -> str:
     """Write the shared library `path` and its header (`path` with `.h`); returns the library's
     path. `name` prefixes the C symbols (default: the file's stem, made an identifier)."""
+    if model.state:
+        raise ExportError(f"a model with key/value caches written in place ({', '.join(model.state)}) "
+                          f"cannot be exported as a C library yet")
     fallbacks = [s.name for s in model.steps if s.kind == "fallback"]
     if fallbacks:
         raise ExportError(f"{len(fallbacks)} subgraphs run on the numpy fallback and cannot go into a C "

@@ -4,7 +4,9 @@ A model runs the same steps on the same shapes every call, so its intermediate v
 in a few buffers allocated once: a value's buffer is free again after its last reader, and the
 next value that fits takes it. Buffers are assigned greedily in execution order, best fit first
 (the smallest free buffer that is large enough, else a new one). A step's outputs are placed
-before its inputs are released, so no kernel reads and writes the same memory. Values that are
+before its inputs are released, so no kernel reads and writes the same memory; the one
+exception is a step marked `in_place` (a key/value cache write, `graph.kv_cache`), whose output
+is its aliased input's memory changed, and after which no step may read the old value. Values that are
 views of another (a reshape of a contiguous array) share their source's buffer, and that buffer
 lives until the last reader of any of them. Graph inputs and outputs get buffers of their own:
 inputs are copied in before a call and outputs copied out after it.
@@ -19,11 +21,17 @@ from typing import Sequence
 @dataclass(frozen=True)
 class PlannedStep:
     """What the planner needs of one step: the values it reads and writes; `alias_of` set
-    when its single output is a view of its single input."""
+    when its single output is a view of its input `alias_of` (a reshape), or, with `in_place`,
+    that input's memory written by the step (a cache write)."""
 
     reads: tuple[str, ...]
     writes: tuple[str, ...]
     alias_of: str | None = None
+    in_place: bool = False
+
+
+class InPlaceError(ValueError):
+    """A step would read a value after an in-place step overwrote its memory."""
 
 
 @dataclass
@@ -48,6 +56,7 @@ def plan_memory(steps: Sequence[PlannedStep], nbytes: dict[str, int], inputs: Se
     for step in steps:
         if step.alias_of is not None:
             root[step.writes[0]] = root.get(step.alias_of, step.alias_of)
+    _check_in_place(steps, root)
     last_use: dict[str, int] = {}
     pinned = set(inputs) | {root.get(o, o) for o in outputs}
     for index, step in enumerate(steps):
@@ -81,3 +90,19 @@ def plan_memory(steps: Sequence[PlannedStep], nbytes: dict[str, int], inputs: Se
                 free.append(plan.storage[base])
     plan.naive_bytes = sum(nbytes[n] for n in plan.storage if n not in root)
     return plan
+
+
+def _check_in_place(steps: Sequence[PlannedStep], root: dict[str, str]) -> None:
+    """Refuse a plan where a step reads a value (or a view of it) whose memory an earlier
+    in-place step has overwritten: that read would see the new contents, not the value."""
+    overwritten: dict[str, str] = {}  # value -> the in-place output that replaced it
+    for index, step in enumerate(steps):
+        for name in step.reads:
+            if name in overwritten:
+                raise InPlaceError(f"%{name} is read after %{overwritten[name]} overwrote its memory in place")
+        if step.in_place and step.alias_of is not None:
+            base = root.get(step.alias_of, step.alias_of)
+            later = {w for s in steps[index:] for w in s.writes}  # the write's output and views of it
+            for name in [base, *(v for v, r in root.items() if r == base)]:
+                if name not in later:
+                    overwritten.setdefault(name, step.writes[0])

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from ansor.graph import passes
 from ansor.graph.ir import Graph
+from ansor.graph.kv_cache import written_cache
 from ansor.graph.partition import Subgraph, partition
 from ansor.graph.to_te import SubgraphTask, lower_subgraph
 from ansor.measure import TimingPolicy
@@ -38,6 +39,7 @@ class ModelPiece:
     lowered: SubgraphTask | None
     fallback_reason: str = ""
     view_of: str | None = None
+    in_place: bool = False  # a cache write: its output is `view_of`'s memory, rows written in place
 
     @property
     def key(self) -> str:
@@ -84,6 +86,10 @@ def extract_tasks(graph: Graph, target: Target | None = None, simplify: bool = T
     g = passes.simplify(graph.copy(), winograd=winograd) if simplify else graph
     model = ModelTasks(g, [])
     for sub in partition(g):
+        cache = written_cache(sub)
+        if cache is not None:
+            model.pieces.append(ModelPiece(sub, None, view_of=cache, in_place=True))
+            continue
         source = view_source(sub)
         if source is not None:
             model.pieces.append(ModelPiece(sub, None, view_of=source))

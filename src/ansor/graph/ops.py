@@ -715,3 +715,20 @@ def _attention(types, attrs):
     if attrs["mask"] == "lengths":
         _check(types[3].shape == (q.shape[0],) and types[3].dtype.startswith("int"), f"attention: lengths {types[3]}")
     return TensorType(q.shape[:3] + (v.shape[3],), q.dtype)
+
+
+# ----------------------------------------------------------------------------- key/value caches
+
+@_register("cache_write", 3, {"axis": 2})
+def _cache_write(types, attrs):
+    """The cache with `rows` written at `position` along `axis` (the sequence axis of a
+    [B, H, max length, D] key or value cache): inputs (cache, rows, position [1] integer).
+    Its meaning is a new value; a compiled model runs it in place, its output sharing the
+    cache's memory (`graph.kv_cache`), so a decode step never copies the whole cache."""
+    cache, rows, position = types
+    axis = _axis(attrs["axis"], len(cache.shape))
+    _check(len(rows.shape) == len(cache.shape) and rows.dtype == cache.dtype
+           and all(r == c for d, (r, c) in enumerate(zip(rows.shape, cache.shape)) if d != axis)
+           and rows.shape[axis] <= cache.shape[axis], f"cache_write: rows {rows} into cache {cache}")
+    _check(position.shape == (1,) and position.dtype.startswith("int"), f"cache_write: position {position}")
+    return cache

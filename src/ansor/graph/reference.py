@@ -244,6 +244,17 @@ def _embedding(xs, a):
     return w[ids]
 
 
+@_kernel("cache_write")
+def _cache_write(xs, a):
+    cache, rows, position = xs  # run_node checked the position (`check_indices`)
+    out = cache.copy()
+    start = int(position[0])
+    where = [slice(None)] * cache.ndim
+    where[a["axis"] % cache.ndim] = slice(start, start + rows.shape[a["axis"] % cache.ndim])
+    out[tuple(where)] = rows
+    return out
+
+
 @_kernel("index")
 def _index(xs, a):
     return xs[0][tuple(xs[1:])]
@@ -260,6 +271,9 @@ def gathered_indices(node: Node, args: Sequence[Any]) -> list[tuple[int, int, bo
         return [(k, int(args[0].shape[k - 1]), True) for k in range(1, len(args))]
     if node.op == "take":
         return [(1, int(args[0].shape[node.attrs.get("axis", 0) % len(args[0].shape)]), True)]
+    if node.op == "cache_write":  # the first written row; the rows past it must fit too
+        axis = node.attrs["axis"] % len(args[0].shape)
+        return [(2, int(args[0].shape[axis]) - int(args[1].shape[axis]) + 1, False)]
     return []
 
 
