@@ -152,7 +152,8 @@ class _OnnxImporter:
         """One node: folded when its inputs are known, mapped by its handler, else expanded
         into its ONNX function body (the operators the standard defines by others), else
         refused by name."""
-        if node.domain not in ("", "ai.onnx"):
+        if node.domain not in ("", "ai.onnx") and not (node.domain == "com.microsoft"
+                                                      and node.op_type in MICROSOFT_OPERATORS):
             self._unsupported(node, f"operator domain {node.domain!r}")
         if node.op_type == "Shape" and node.input[0] in self.values:
             self.known[node.output[0]] = self._static_shape(node)
@@ -282,7 +283,10 @@ class _OnnxImporter:
         graph = helper.make_graph([node], "fold", declared,
                                   [helper.make_empty_tensor_value_info(o) for o in node.output if o])
         opsets = [o for o in self.model.opset_import if o.domain not in ("", "ai.onnx")]
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset), *opsets])
+        # the reference evaluator implements (De)QuantizeLinear from opset 19, whose integer
+        # arithmetic is that of the earlier versions
+        opset = max(self.opset, 19) if node.op_type in ("QuantizeLinear", "DequantizeLinear") else self.opset
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), *opsets])
         try:
             results = ReferenceEvaluator(model).run(None, {i: self.known[i] for i in inputs})
         except Exception as exc:  # e.g. an If whose branches read values of the outer graph
@@ -1307,3 +1311,4 @@ from ansor.graph import onnx_recurrent  # noqa: E402,F401
 from ansor.graph import onnx_types  # noqa: E402,F401
 from ansor.graph import onnx_operand_forms  # noqa: E402,F401
 from ansor.graph import onnx_small_operators  # noqa: E402,F401
+from ansor.graph.onnx_quantized import MICROSOFT_OPERATORS  # noqa: E402

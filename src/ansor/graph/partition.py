@@ -41,6 +41,7 @@ ANCHOR_OPS = frozenset({
     "conv2d", "linear", "matmul", "scaled_dot_product_attention", "attention",
     "softmax", "log_softmax", "layer_norm", "mean", "sum", "max", "min",
     "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "winograd_input", "winograd_output",
+    "conv2d_integer", "matmul_integer",
 })
 INJECTIVE_OPS = frozenset({*UNARY_OPS, *BINARY_OPS, *COMPARE_OPS, *LOGICAL_OPS, "logical_not",
                            "gelu", "clamp", "cast", "where", "batch_norm", "embedding", "index", "take"})
