@@ -1,0 +1,143 @@
+"""Token-by-token decoding: GPT-2's decode step with its key/value caches written in place."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from ansor.graph.ir import Graph
+from ansor.graph.kv_cache import KVCacheError, state_inputs
+from ansor.graph.memory_plan import InPlaceError, PlannedStep, plan_memory
+from ansor.graph.reference import run_graph
+
+MAX_LENGTH = 48
+PROMPT = 5
+NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    # weights larger than GPT-2's initializer: greedy tokens of the default one repeat one token
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=128,
+                                  initializer_range=0.3, bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def decoder(gpt2):
+    from ansor.graph.compiled import build_model
+    from ansor.graph.decode import gpt2_decode_step
+
+    return build_model(gpt2_decode_step(gpt2, MAX_LENGTH), None, verbose=False, check=True)
+
+
+def test_greedy_tokens_equal_pytorch_and_caches_hold_its_keys(gpt2, decoder):
+    import torch
+
+    from ansor.graph.decode import greedy_generate
+
+    prompt = np.random.default_rng(1).integers(0, 256, PROMPT).tolist()
+    with torch.no_grad():
+        expected = gpt2.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                                 use_cache=True, pad_token_id=0, eos_token_id=None)[0, PROMPT:].tolist()
+    assert len(set(expected)) > 8  # a sequence that tests something
+    got = greedy_generate(decoder, prompt, NEW_TOKENS)
+    assert got == expected
+    # the caches hold PyTorch's keys and values of every position fed, zeros past them
+    fed = prompt + got[:-1]
+    with torch.no_grad():
+        past = gpt2(torch.tensor([fed]), use_cache=True).past_key_values
+    for layer in range(2):
+        keys, values = (t.numpy() for t in _layer_cache(past, layer))
+        n = len(fed)
+        np.testing.assert_allclose(decoder.state[f"past_key_{layer}"][:, :, :n], keys, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(decoder.state[f"past_value_{layer}"][:, :, :n], values, rtol=1e-4, atol=1e-5)
+        assert not decoder.state[f"past_key_{layer}"][:, :, n:].any()
+
+
+def test_caches_are_written_in_place_without_per_token_allocation(decoder):
+    from ansor.graph.decode import greedy_generate
+
+    addresses = {name: buffer.ctypes.data for name, buffer in decoder.state.items()}
+    cache_bytes = next(iter(decoder.state.values())).nbytes
+    assert len(addresses) == 4
+    assert not any(s.kind == "fallback" for s in decoder.steps)
+    assert [s.kind for s in decoder.steps].count("cache_write") == 4
+    greedy_generate(decoder, [1, 2], 2)  # warm
+    tracemalloc.start()
+    greedy_generate(decoder, [3, 4, 5], MAX_LENGTH - 2)  # every position of the caches
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < cache_bytes, f"{peak} bytes allocated at the peak of a generation, a cache is {cache_bytes}"
+    assert {name: buffer.ctypes.data for name, buffer in decoder.state.items()} == addresses
+    # the steps' write targets are the state buffers themselves
+    for step in decoder.steps:
+        if step.kind == "cache_write":
+            assert step.run.buffers[0].ctypes.data in addresses.values()
+
+
+def test_generation_past_the_caches_is_refused(decoder):
+    from ansor.graph.decode import greedy_generate
+
+    with pytest.raises(ValueError, match="cache positions"):
+        greedy_generate(decoder, [1] * 10, MAX_LENGTH)
+
+
+def test_a_position_outside_the_cache_raises_before_any_write(decoder):
+    with pytest.raises(IndexError, match="cache_write"):
+        decoder(np.array([[1]], dtype=np.int64), np.array([MAX_LENGTH], dtype=np.int64))
+
+
+def _small_cache_graph() -> tuple[Graph, str]:
+    g = Graph()
+    cache = g.add_input("cache", (1, 2, 8, 4), "float32")
+    rows = g.add_input("rows", (1, 2, 1, 4), "float32")
+    position = g.add_input("position", (1,), "int64")
+    written = g.add_node("cache_write", [cache, rows, position])
+    g.outputs = [g.add_node("sum", [written], {"axes": (2,)})]
+    return g, written
+
+
+def test_cache_write_meaning_in_the_numpy_executor():
+    g, _ = _small_cache_graph()
+    cache = np.random.default_rng(0).standard_normal((1, 2, 8, 4)).astype(np.float32)
+    rows = np.ones((1, 2, 1, 4), np.float32)
+    expected = cache.copy()
+    expected[:, :, 3] = 1
+    (got,) = run_graph(g, [cache, rows, np.array([3])])
+    np.testing.assert_allclose(got, expected.sum(axis=2), rtol=1e-6)
+    with pytest.raises(IndexError):
+        run_graph(g, [cache, rows, np.array([8])])
+
+
+def test_a_cache_read_besides_its_write_is_refused():
+    g, written = _small_cache_graph()
+    assert state_inputs(g) == {"cache": written}
+    g.outputs.append(g.add_node("sum", ["cache"], {"axes": (2,)}))
+    with pytest.raises(KVCacheError, match="read elsewhere"):
+        state_inputs(g)
+
+
+def test_the_planner_refuses_a_read_of_an_overwritten_value():
+    steps = [PlannedStep(("cache", "rows", "pos"), ("written",), alias_of="cache", in_place=True),
+             PlannedStep(("written",), ("out",))]
+    nbytes = {"cache": 64, "rows": 8, "pos": 8, "written": 64, "out": 8}
+    plan = plan_memory(steps, nbytes, ["cache", "rows", "pos"], ["out"])
+    assert plan.storage["written"] == plan.storage["cache"]  # in place: one buffer
+    with pytest.raises(InPlaceError, match="cache"):
+        plan_memory([*steps, PlannedStep(("cache",), ("late",))], {**nbytes, "late": 8},
+                    ["cache", "rows", "pos"], ["out", "late"])
+
+
+def _layer_cache(past, layer: int):
+    """(keys, values) of one layer, from a transformers cache object or the legacy tuples."""
+    if hasattr(past, "layers"):
+        return past.layers[layer].keys, past.layers[layer].values
+    if hasattr(past, "key_cache"):
+        return past.key_cache[layer], past.value_cache[layer]
+    return past[layer]
