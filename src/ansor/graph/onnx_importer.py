@@ -86,6 +86,9 @@ def from_onnx(model: Any, inputs: dict[str, Any] | None = None, max_sizes: dict[
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"from_onnx takes an onnx.ModelProto or a path, got {type(model).__name__}")
     model = onnx.shape_inference.infer_shapes(model)
+    from ansor.graph.qdq_fusion import fuse_qdq
+
+    model = fuse_qdq(model).model  # QDQ layers as integer ones, each checked (graph/qdq_fusion.py)
     return _OnnxImporter(model, inputs or {}).run()
 
 
