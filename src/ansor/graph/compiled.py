@@ -400,7 +400,12 @@ def build_model(graph: Graph, store: RecordStore | None = None, target: Target |
     `winograd` False its 3x3 convolutions stay direct (tune the model the same way, since the
     two forms are different tasks). With `check`, the compiled model runs once on random inputs
     and is compared with the numpy executor (`CompiledModel.check`); a mismatch raises
-    OutputMismatchError naming the first output out of tolerance."""
+    OutputMismatchError naming the first output out of tolerance. A CUDA target gives a
+    `cuda_model.CudaModel` (every subgraph a CUDA kernel, or refused by name)."""
+    if target is not None and target.kind == "cuda":
+        from ansor.graph.cuda_model import build_cuda_model
+
+        return build_cuda_model(graph, store, target, verbose=verbose, winograd=winograd, check=check)
     tasks = extract_tasks(graph, target, winograd=winograd)
     seconds = model_quick_seconds() if quick_seconds is None else quick_seconds
     if store is not None and not store.read_only and seconds > 0:
