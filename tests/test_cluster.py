@@ -7,20 +7,25 @@ from __future__ import annotations
 import io
 import logging
 import os
+import runpy
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import uuid
 
 import numpy as np
 import pytest
 
 import ansor
+from ansor.cli import main
 from ansor.report import TuneProgress
 from ansor.store import open_store
 from ansor.tuning.callbacks import TuningCallback
 from ansor.tuning.cluster import ClusterError, check_address
+from ansor.tuning.measurer import PHASE_COMPILING
 from ansor.workloads import make_task
 
 ADDRESS = os.environ.get("ANSOR_TEST_RAY_ADDRESS")
@@ -297,3 +302,195 @@ def test_ctrl_c_of_the_job_stops_the_remote_work(tmp_path):
     assert not [p for p in pids if _alive(p)], "a measuring process outlived the interrupted job"
     with open_store(db)[0] as store:
         assert store.count() >= lines  # everything measured before the signal is kept
+
+
+def _assert_ended(pids: set[int], what: str) -> None:
+    deadline = time.time() + 20
+    while time.time() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.5)
+    assert not [p for p in pids if _alive(p)], what
+
+
+# --- a model's tasks across two nodes, records in PostgreSQL, one node killed ---------------------
+
+MODEL_SOURCE = '''
+import torch
+
+class ConvReluLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = torch.nn.Linear(8 * 8 * 8, 10)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+def model():
+    torch.manual_seed(0)
+    return ConvReluLinear().eval(), (torch.randn(1, 3, 8, 8),)
+'''
+
+
+def _model_file(folder) -> str:
+    """A small PyTorch model the package has never seen, as `ansor tune-model` takes it."""
+    pytest.importorskip("torch")
+    path = folder / "conv_relu_linear.py"
+    path.write_text(MODEL_SOURCE)
+    return str(path)
+
+
+def _with_database(url: str, name: str) -> str:
+    """`url` naming the database `name` instead."""
+    scheme, rest = url.split("://", 1)
+    authority, _, tail = rest.partition("/")
+    query = tail.partition("?")[2]
+    return f"{scheme}://{authority}/{name}" + (f"?{query}" if query else "")
+
+
+@pytest.fixture
+def postgres_url():
+    """A fresh database on the server .ci/postgres.sh starts (ANSOR_TEST_POSTGRES_URL), dropped after."""
+    psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg 3) is not installed")
+    server = os.environ.get("ANSOR_TEST_POSTGRES_URL")
+    if not server:
+        pytest.skip("no PostgreSQL server: ANSOR_TEST_POSTGRES_URL is not set (.ci/postgres.sh sets it)")
+    name = f"ansor_cluster_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield _with_database(server, name)
+    finally:
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _rows_per_program(url: str) -> dict[tuple[str, str, str], int]:
+    """The PostgreSQL rows of each measured program, counted by the server."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT workload_key, target_key, state_key, count(*) FROM ansor_records "
+                            "GROUP BY workload_key, target_key, state_key").fetchall()
+    return {(w, t, s): n for w, t, s, n in rows}
+
+
+def _check_model_built_from(url: str, model_path: str, graph, target) -> None:
+    """The model built from the database's records (every task from a record of a node)
+    computes what PyTorch computes."""
+    net, inputs = runpy.run_path(model_path)["model"]()
+    compiled = ansor.build(graph, database=url, target=target, quick_seconds=0, verbose=False)
+    assert compiled.kernels and all(k.record is not None and k.record.node for k in compiled.kernels.values())
+    out = compiled(*(x.numpy() for x in inputs))
+    np.testing.assert_allclose(out, net(*inputs).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_models_tasks_tuned_into_postgresql_while_a_node_is_killed(postgres_url, own_cluster, tmp_path):
+    address, second_node = own_cluster
+    model_path = _model_file(tmp_path)
+    net, inputs = runpy.run_path(model_path)["model"]()
+    graph = ansor.graph.from_torch(net, inputs)
+    one_core = ansor.Target.host(num_cores=1)  # what each 1-CPU node offers
+    killer = KillNodeMidRun(second_node)
+    results = ansor.tune(graph, trials=16, database=postgres_url, cluster=address, target=one_core,
+                         policy="sketch.random", seed=5, confirm_best=0, progress=False, callbacks=[killer])
+    assert killer.victim is not None, "the second node never measured a program"
+    assert any(line.startswith(killer.victim) for line in killer.session.lost)  # the job saw it go
+    assert len(results) == 2 and sum(r.trials for r in results) == 16  # the job finished on the other node
+
+    rows = _rows_per_program(postgres_url)
+    assert len(rows) == 16 and set(rows.values()) == {1}  # every measured program, each exactly once
+    assert {w for w, _, _ in rows} == {r.task.workload_key for r in results}
+    with open_store(postgres_url, create=False)[0] as store:
+        records = [r for result in results for r in store.records(result.task.workload_key, one_core.key)]
+    assert len(records) == 16
+    for r in records:
+        assert r.ok or (killer.victim in r.error_msg and "lost" in r.error_msg), r.error_msg
+    after = {r.node for r in records if r.timestamp > killer.killed_at}
+    assert after and killer.victim not in after, "the job did not go on on the node left"
+    _check_model_built_from(postgres_url, model_path, graph, one_core)
+    pids = {pid for node_pids in killer.session.node_pids.values() for pid in node_pids} | killer.tree
+    _assert_ended(pids, "a process of the killed node or of the job's actors is left")
+
+
+# --- a program lost twice ---------------------------------------------------------------------------
+
+class KillEachActorHoldingACall(TuningCallback):
+    """kill -9 of a measuring actor's process as soon as it holds a call, once per actor: the
+    programs of the first call are lost with the first actor, handed to the other and lost
+    with it too."""
+
+    def __init__(self):
+        self.killed: list[str] = []  # node names, in the order their actors died
+        self.tree: set[int] = set()  # the actors' processes and their children when killed
+        self.session = None
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    def on_phase(self, tuner, phase) -> None:
+        if phase == PHASE_COMPILING and self._watcher is None:
+            self.session = tuner.measurer.session
+            self._watcher = threading.Thread(target=self._watch, args=(tuner.measurer.pool,), daemon=True)
+            self._watcher.start()
+
+    def _watch(self, pool) -> None:
+        while not self._stop.is_set() and len(self.killed) < 2:
+            for actor in list(pool.actors):
+                if actor.calls and actor.node.name not in self.killed:
+                    self.tree |= _tree(actor.pids[0])
+                    os.kill(actor.pids[0], signal.SIGKILL)
+                    self.killed.append(actor.node.name)
+            time.sleep(0.002)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join()
+
+
+def test_a_program_lost_twice_is_an_error_record_naming_both_nodes(tmp_path):
+    address = _needs_cluster()
+    task, db = _task(), str(tmp_path / "records.db")
+    killer = KillEachActorHoldingACall()
+    try:
+        result = ansor.tune(task, trials=2, measures_per_round=2, database=db, cluster=address,
+                            policy="sketch.random", seed=7, confirm_best=0, progress=False, callbacks=[killer])
+    finally:
+        killer.stop()
+    assert len(killer.killed) == 2 and len(set(killer.killed)) == 2, killer.killed
+    first, second = killer.killed
+    assert result.trials == 2  # the job ended with the results it had, no node left to wait for
+    with open_store(db)[0] as store:
+        records = store.records(task.workload_key, task.target.key)
+    assert len(records) == 2 and len({r.state_key for r in records}) == 2
+    for r in records:
+        assert not r.ok and r.node == f"{first}, {second}", (r.node, r.error_msg)
+        assert "lost with its node, twice" in r.error_msg
+        assert r.error_msg.index(first) < r.error_msg.index(second)  # in the order they were lost
+    _assert_ended(killer.tree, "a process of a killed actor is left")
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+def test_tune_model_on_a_cluster_into_postgresql_from_the_command_line(postgres_url, tmp_path, capsys):
+    address = _needs_cluster()
+    model_path = _model_file(tmp_path)
+    assert main(["tune-model", model_path, "--cores", "1", "--trials", "4", "--cluster", address,
+                 "--database", postgres_url, "--seed", "1", "--quiet"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "4 programs measured" in out and "--cores 1" in out
+    rows = _rows_per_program(postgres_url)
+    assert len(rows) == 4 and set(rows.values()) == {1}
+    one_core = ansor.Target.host(num_cores=1)
+    assert {t for _, t, _ in rows} == {one_core.key}
+    with open_store(postgres_url, create=False)[0] as store:
+        assert all(r.ok and r.node for r in store.records())  # measured on a node, which the records name
+    net, inputs = runpy.run_path(model_path)["model"]()
+    _check_model_built_from(postgres_url, model_path, ansor.graph.from_torch(net, inputs), one_core)
+
+
+def test_a_cluster_failure_is_one_line_on_the_command_line(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as where Ray is not installed
+    assert main(["tune", "matmul", "--shape", "16,16,16", "--cores", "1", "--trials", "2", "--cluster",
+                 "127.0.0.1:1", "--database", str(tmp_path / "r.db"), "--quiet", "--no-baseline"]) == 2
+    err = capsys.readouterr().err
+    assert "ansor: error: " in err and "pip install 'ansor[cluster]'" in err and "Traceback" not in err

@@ -178,6 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
     tm.add_argument("--timeout", type=_seconds, default=10.0,
                     help="seconds before a kernel counts as hung (default 10)")
     tm.add_argument("--cluster", metavar="ADDRESS", default=None, help=CLUSTER_HELP)
+    tm.add_argument("--isa", choices=["avx512", "avx2", "generic"], default=None,
+                    help="tune for this CPU's instruction set restricted to ISA (default: all it has)")
+    tm.add_argument("--cores", type=_at_least(1), default=None,
+                    help="tune for this many of the CPU's cores, e.g. what each node of --cluster offers "
+                         "(default: all of them)")
     tm.add_argument("--quiet", action="store_true", help="no progress display (default: show it)")
     tm.add_argument("--no-winograd", action="store_true",
                     help="keep 3x3 convolutions direct (default: Winograd form over large images; "
@@ -197,6 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("--no-winograd", action="store_true",
                     help="keep 3x3 convolutions direct, as tune-model --no-winograd tuned them (default: "
                          "Winograd form over large images)")
+    rm.add_argument("--isa", choices=["avx512", "avx2", "generic"], default=None,
+                    help="the records of a model tuned with `ansor tune-model --isa` (default: all the CPU has)")
+    rm.add_argument("--cores", type=_at_least(1), default=None,
+                    help="the records of a model tuned with `ansor tune-model --cores` (default: all the cores)")
 
     cp = sub.add_parser("compare", help="ansor beside numpy, PyTorch and onnxruntime: one table, timed in turns",
                         description="Build a named workload's best program (a quick search first when the "
@@ -386,11 +395,12 @@ def _anticipated_errors() -> tuple[type[BaseException], ...]:
     from ansor.measure.build import CompilerNotFoundError
     from ansor.measure.errors import DeviceUnavailableError
     from ansor.store import DatabaseError
+    from ansor.tuning.cluster import ClusterError
 
     # ValueError covers ScheduleError, GraphError, ShapeError and ReplayError; OSError every
     # file that cannot be read or written; MemoryError numpy's arrays too large to allocate
     return (ValueError, KeyError, TypeError, OverflowError, OSError, MemoryError, ImportError, DatabaseError,
-            DeviceUnavailableError, CompilerNotFoundError, UnsupportedOperatorError, *onnx_errors())
+            DeviceUnavailableError, CompilerNotFoundError, UnsupportedOperatorError, ClusterError, *onnx_errors())
 
 
 def _one_line(exc: BaseException) -> str:
@@ -680,13 +690,14 @@ def cmd_tune_model(args) -> int:
     from ansor.report import TuneProgress, console, format_seconds
     from ansor.store import open_store
 
-    model = extract_tasks(load_model(args.model), winograd=not args.no_winograd)
+    target = ansor.Target.host(isa=args.isa, num_cores=args.cores)
+    model = extract_tasks(load_model(args.model), target, winograd=not args.no_winograd)
     if args.trials:
         check_compiler()
     db_path = args.database or str(ansor.default_database_path())
     console.print(f"[bold]ansor[/] tuning [cyan]{args.model}[/]: {len(model.pieces)} subgraphs, "
                   f"{len(model.tasks)} distinct tasks, {len(model.fallbacks)} on numpy fallback; "
-                  f"scheduler {args.scheduler}; records: {db_path}")
+                  f"scheduler {args.scheduler}; on {target.key}; records: {db_path}")
     progress = [] if args.quiet else [TuneProgress(total=args.trials, timeout=args.timeout)]
     try:
         with terminate_as_interrupt(), open_store(db_path)[0] as store:
@@ -709,8 +720,13 @@ def cmd_tune_model(args) -> int:
     confirmed = f"; the leaders measured again to confirm: {added} records added" if added > measured else ""
     console.print(f"{measured} programs measured{confirmed}; estimated model latency "
                   f"{format_seconds(total) if math.isfinite(total) else 'unknown (a task has no program)'}; "
-                  f"`ansor run-model {args.model}` runs it")
+                  f"`ansor run-model {args.model}{_target_flags(args)}` runs it")
     return 0
+
+
+def _target_flags(args) -> str:
+    """The --isa and --cores a command was given, to repeat in the command it suggests."""
+    return "".join(f" --{name} {getattr(args, name)}" for name in ("isa", "cores") if getattr(args, name) is not None)
 
 
 def cmd_run_model(args) -> int:
@@ -727,7 +743,8 @@ def cmd_run_model(args) -> int:
     graph = load_model(args.model)
     db_path = args.database or str(ansor.default_database_path())
     with open_store(db_path)[0] as db:  # writable: kernels without records get chosen programs, kept here
-        compiled = ansor.build(graph, database=db, winograd=not args.no_winograd)
+        compiled = ansor.build(graph, database=db, winograd=not args.no_winograd,
+                               target=ansor.Target.host(isa=args.isa, num_cores=args.cores))
     console.print(compiled.summary())
     result = compare_compiled(args.model, graph, compiled, rounds=args.rounds,
                               skip=("numpy", "torch", "torch.compile"))
