@@ -16,8 +16,8 @@ from ansor.graph.ir import Graph
 from ansor.graph.reference import random_inputs, run_graph
 from ansor.kernel import compile_state
 from ansor.schedule.state import State
-from ansor.search.params import SearchParams
 from ansor.schedule.steps import SplitStep
+from ansor.search.params import SearchParams
 from ansor.search.template import annotate_template, template_sketch
 from ansor.te.attention import attention
 
@@ -152,8 +152,8 @@ def test_attention_products_run_as_register_tiles():
 def test_attention_program_never_stores_the_score_matrix():
     q, k, v = (te.placeholder((1, 2, 128, 32), name=n) for n in "qkv")
     task = ansor.Task([q, k, v, attention(q, k, v)])
-    from ansor.lower.lower import lower
     from ansor.lower import ir
+    from ansor.lower.lower import lower
 
     func = lower(State(task.dag))
     local = [s.buffer for s in ir.walk_stmts(func.body) if isinstance(s, ir.Allocate)]

@@ -316,7 +316,7 @@ class _Writer:
     def mask(self, k0: E.Expr, keys: int) -> ir.Stmt | None:
         """The additive mask added and masked keys set to -inf. The causal and padding masks
         are only applied on tiles they reach (the diagonal, the sequence's end)."""
-        keep, reaches = [], []
+        reaches = []
         if self.p.causal:
             reaches.append(E.compare(">", k0 + _i(keys - 1), self.q0))
         if self.p.lengths is not None:
