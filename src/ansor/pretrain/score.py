@@ -18,7 +18,7 @@ from ansor.workloads import workload_label
 def score(databases: Sequence[RecordStore], models: Sequence[str] = (), target_key: str | None = None,
           log: Callable[[str], None] = print) -> dict[str, dict[str, float]]:
     """Rank the usable programs of the databases with each model file (default: the shipped
-    model); returns, per model file, the pairwise accuracy overall ("all") and per workload
+    model of the target's kind); returns, per model file, the pairwise accuracy overall ("all") and per workload
     (by its readable label).
 
     Raises:
@@ -38,7 +38,9 @@ def score(databases: Sequence[RecordStore], models: Sequence[str] = (), target_k
     log(f"{usable.size} programs of {len(set(groups))} workloads on {target}")
     margin = f"{round(100 * NOISE_MARGIN)}%"
     results: dict[str, dict[str, float]] = {}
-    for path in models or [str(model_file("cpu"))]:
+    from ansor.pretrain.train import target_kind
+
+    for path in models or [str(model_file(target_kind(target)))]:  # the shipped model of the target's kind
         pred = np.asarray(XGBModel.load(path).predict([data.features[i] for i in usable]))
         per = {labels.get(g, g): pairwise_accuracy(pred[groups == g], truth[groups == g], margin=NOISE_MARGIN)
                for g in sorted(set(groups))}
