@@ -119,6 +119,8 @@ def _dequantize_of(name: str, producer: dict[str, Any], constants: dict[str, np.
     """The DequantizeLinear producing `name`, when its scale and zero point are constants and
     it carries no attribute beyond axis."""
     node = producer.get(name)
+    while node is not None and node.op_type == "Identity":  # an exporter's shared constant
+        node = producer.get(node.input[0])
     if node is None or node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx"):
         return None
     if any(a.name != "axis" for a in node.attribute):
@@ -170,8 +172,8 @@ def _linear_region(node: Any, constants: dict[str, np.ndarray], producer: dict[s
             return None
         b_zero = _zero(b_dq, constants)
         expected = (np.float32(x_scale.reshape(())) * w_scale.astype(np.float32)).astype(np.float32)
-        if (b_zero is not None and b_zero.any()) or not np.allclose(constants[b_dq.input[1]], expected,
-                                                                   rtol=1e-6, atol=0):
+        same_scale = np.allclose(constants[b_dq.input[1]], expected, rtol=1e-6, atol=0)
+        if (b_zero is not None and b_zero.any()) or not (same_scale or not constants[b_dq.input[0]].any()):
             return None
         bias_q = b_dq
     # the result: [Relu ->] QuantizeLinear, each the only reader
@@ -186,6 +188,9 @@ def _linear_region(node: Any, constants: dict[str, np.ndarray], producer: dict[s
     y_scale, y_zero = constants[after.input[1]], constants[after.input[2]]
     if y_scale.size != 1 or y_zero.size != 1:
         return None
+    if any(i in producer and producer[i].op_type == "Identity" and producer[producer[i].input[0]].op_type == "Identity"
+           for i in node.input):
+        return None  # (the check rebuilds one Identity between a DequantizeLinear and its reader)
     q_inputs = [x_dq.input[0], x_dq.input[1], x_dq.input[2], w_dq.input[0], w_dq.input[1]]
     w_zero_name = w_dq.input[2] if len(w_dq.input) > 2 and w_dq.input[2] else ""
     new_inits = []
@@ -217,6 +222,7 @@ def _linear_region(node: Any, constants: dict[str, np.ndarray], producer: dict[s
     if _only_reader(x_dq.output[0], readers, outputs) is node:
         old.append(x_dq)
     dequantized = [x_dq, w_dq] + ([bias_q] if bias_q is not None else [])
+    dequantized += [producer[i] for i in node.input if i in producer and producer[i].op_type == "Identity"]
     return _Region(node, old, new_nodes, new_inits, x_dq.input[0], dequantized + [node] + ([relu] if relu is not None else []) + [after])
 
 
