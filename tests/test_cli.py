@@ -347,6 +347,26 @@ def test_tune_model_trials_are_what_this_run_measures(tmp_path, capsys):
     assert keys == [2, 4]
 
 
+def test_tune_model_and_run_model_for_fewer_cores(tmp_path, capsys, monkeypatch):
+    """--cores tunes a model for a target of fewer cores (what each node of a cluster offers);
+    run-model --cores builds with those records, run-model without it has none of its target."""
+    from ansor.target import Target
+
+    monkeypatch.setenv("ANSOR_MODEL_QUICK_SECONDS", "0")  # run-model gives a kernel without records no program
+    path = _onnx_file(tmp_path / "m.onnx")
+    db = str(tmp_path / "m.db")
+    assert main(["tune-model", path, "--cores", "1", "--trials", "2", "--database", db, "--quiet", "--seed", "0"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert Target.host(num_cores=1).key in out and f"ansor run-model {path} --cores 1" in out
+    with Database(db) as d:
+        assert {r.target_key for r in d.records()} == {Target.host(num_cores=1).key}
+    assert main(["run-model", path, "--cores", "1", "--database", db, "--rounds", "1"]) == 0
+    assert "(1 tuned)" in " ".join(capsys.readouterr().out.split())
+    if Target.host().num_cores > 1:
+        assert main(["run-model", path, "--database", db, "--rounds", "1"]) == 0
+        assert "(0 tuned)" in " ".join(capsys.readouterr().out.split())
+
+
 # ---------------------------------------------------------------- failed commands create nothing
 
 
