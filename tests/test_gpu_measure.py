@@ -109,7 +109,7 @@ def test_header_round_trips_and_names_roles():
     (('// ansor-launch: {"language": "cuda", "kernels": [{"name": "k", "grid": [1, 1, 1], "block": [1, 1, 1],'
       ' "args": ["Z"]}], "buffers": []}\n'), "args name no buffer: Z"),
     (('// ansor-launch: {"language": "cuda", "kernels": [{"name": "k", "grid": [1, 1, 1], "block": [1, 1, 1],'
-      ' "args": []}], "buffers": [{"name": "A", "shape": [2], "dtype": "float16", "role": "input"}]}\n'),
+      ' "args": []}], "buffers": [{"name": "A", "shape": [2], "dtype": "complex64", "role": "input"}]}\n'),
      "dtype must be one of"),
 ])
 def test_damaged_header_is_a_clear_error(source, message):

@@ -102,8 +102,9 @@ class TuneProgress(TuningCallback):
             self._progress.update(row, phase=phase)
 
     def on_result(self, tuner, result) -> None:
-        if result.record.node:
-            self._by_node[result.record.node] += 1
+        node = result.record.node if result is not None else ""  # a cluster's measuring node
+        if node:
+            self._by_node[node] += 1
         if self.live:
             res, row = tuner.result, self._row(tuner)
             self._progress.update(row, completed=res.trials, count=self._count(tuner),
