@@ -623,8 +623,8 @@ class State:
 
     def interleave_layout(self, stage: StageRef, dim: int, group: int) -> None:
         """Store the stage's (tiled) buffer with dimension `dim` in groups of `group` whose
-        position is the innermost index of all: B[k, j] tiled along j by F and interleaved
-        along k by 4 is stored [j/F][k/4][F][4], the operand layout of a dot-product
+        position is the innermost index of all: `B[k, j]` tiled along j by F and interleaved
+        along k by 4 is stored `[j/F][k/4][F][4]`, the operand layout of a dot-product
         instruction that sums 4 consecutive k per lane."""
         sid, st = self._compute_stage(stage, "interleave_layout")
         if st.layout is None:
