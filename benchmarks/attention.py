@@ -7,10 +7,12 @@ For each sequence length, the attention task [batch, heads, length, head dim] (B
 1 x 12 heads x 64) is tuned (`ansor.tune`; a rerun on the same database resumes, `--trials 0`
 only builds), built from the database's best record, checked against PyTorch, and then both
 are timed in turns (several rounds, each turn after a short pause; medians, spreads and the
-paired ratio). GFLOP/s count the two products, 4 * batch * heads * Lq * Lk * D (half of it
-with `--causal`), and are set against the FMA peak of the cores: cores x 2 FMA units x float32
-lanes x 2 flops x `--ghz` (the clock is an assumption, given on the command line; the
-default is the all-core clock the project's bars assume). On a machine that other jobs load,
+paired ratio), with the template's default program beside them ("ansor default":
+`lower.attention`'s DEFAULT_KNOBS, no search). GFLOP/s count the two products,
+4 * batch * heads * Lq * Lk * D (half of it with `--causal`), and are set against the FMA peak
+of the cores: cores x 2 FMA units x float32 lanes x 2 flops x `--ghz` (the clock is an
+assumption, given on the command line; the default is the all-core clock the project's bars
+assume). On a machine that other jobs load,
 `--cpu-time` (with OMP_WAIT_POLICY=passive) adds a second timing in turns: CPU seconds per
 call divided by the cores, what a call costs rather than how long it waited for them.
 `--bert-layer DATABASE` then times the BERT-base layer built from that database's records
@@ -30,6 +32,8 @@ from common import TURN_PAUSE_S, git_commit, machine_name
 import ansor
 from ansor import te
 from ansor.baselines import measure_in_turns, paired_ratio, time_in_turns
+from ansor.kernel import compile_state
+from ansor.schedule.state import State
 from ansor.te.attention import attention
 
 
@@ -109,7 +113,7 @@ def bert_layer(database: str, rounds: int, cpu_time: bool, cores: int) -> None:
         measured.append(("cpu/cores", cpu_seconds_in_turns(fns, rounds, calls=10), cores))
     for clock, timings, share in measured:
         for name, t in timings.items():
-            print(f"  {clock:9s} {name:11s} {t.median / share * 1e3:8.3f} ms  spread {t.spread:4.0%}")
+            print(f"  {clock:9s} {name:13s} {t.median / share * 1e3:8.3f} ms  spread {t.spread:4.0%}")
         ours, theirs = timings["ansor"], timings["onnxruntime"]
         print(f"  {clock:9s} ratio onnxruntime/ansor {theirs.median / ours.median:.2f} "
               f"(paired {paired_ratio(theirs, ours):.2f})")
@@ -157,7 +161,10 @@ def main() -> None:
         error = float(np.max(np.abs(kernel(*inputs) - expected)))
         if not error < 1e-4:
             raise AssertionError(f"L={length}: ansor's attention differs from PyTorch's by {error:.2e}")
-        fns = {"ansor": kernel.prepared(*inputs), "torch sdpa": sdpa}
+        # the template's default knobs beside the tuned ones: on a loaded machine the search's
+        # timings are noisy enough to prefer a worse program
+        default = compile_state(task, State(task.dag))
+        fns = {"ansor": kernel.prepared(*inputs), "ansor default": default.prepared(*inputs), "torch sdpa": sdpa}
         flops = 4 * args.batch * args.heads * length * length * args.dim * (0.5 if args.causal else 1.0)
         print(f"L={length} {'causal ' if args.causal else ''}[{args.batch}x{args.heads}x{length}x{args.dim}] "
               f"max error {error:.1e}, knobs {kernel.record.steps if kernel.record else 'default'}; "
@@ -169,11 +176,12 @@ def main() -> None:
             for name, t in timings.items():
                 seconds = t.median / share
                 gflops = flops / seconds / 1e9
-                print(f"  {clock:9s} {name:11s} {seconds * 1e3:8.3f} ms  spread {t.spread:4.0%}  "
+                print(f"  {clock:9s} {name:13s} {seconds * 1e3:8.3f} ms  spread {t.spread:4.0%}  "
                       f"{gflops:6.1f} GFLOP/s = {gflops / peak:4.0%} of peak")
-            ours, theirs = timings["ansor"], timings["torch sdpa"]
-            print(f"  {clock:9s} ratio torch/ansor {theirs.median / ours.median:.2f} "
-                  f"(paired {paired_ratio(theirs, ours):.2f})")
+            theirs = timings["torch sdpa"]
+            for ours in ("ansor", "ansor default"):
+                print(f"  {clock:9s} ratio torch/{ours} {theirs.median / timings[ours].median:.2f} "
+                      f"(paired {paired_ratio(theirs, timings[ours]):.2f})")
     if args.bert_layer:
         bert_layer(args.bert_layer, args.rounds, args.cpu_time, target.num_cores)
 
