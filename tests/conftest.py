@@ -1,4 +1,5 @@
 import os
+import signal
 
 import pytest
 
@@ -9,6 +10,12 @@ os.environ.setdefault("ANSOR_PRETRAINED", "0")
 # A model built from an empty database keeps its default schedules unless a test asks for the
 # quick search (each would otherwise spend up to two minutes choosing programs).
 os.environ.setdefault("ANSOR_MODEL_QUICK_SECONDS", "0")
+
+# A suite started with SIGINT ignored (a background job of a shell without job control) passes
+# that on to every process it starts, and the tests of Ctrl-C would find it ignored there: a
+# handler instead of SIG_IGN here gives the children the default disposition back.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from ansor.measure import Builder
 
