@@ -10,6 +10,7 @@ reference kernels, and the reason is kept so that it can be said aloud.
 
 from __future__ import annotations
 
+import glob
 import math
 from dataclasses import dataclass, field
 
@@ -24,9 +25,26 @@ from ansor.task import Task
 from ansor.te.expr import DTYPE_BYTES
 
 
-#: Past a few times the largest last-level cache we target, more bytes between two calls change
-#: nothing (the data comes from memory either way); the copies cycled through stay this small.
-COLD_BYTES_LIMIT = 256 * 1024 * 1024
+#: Past twice the last-level cache, more bytes between two calls change nothing (the data comes
+#: from memory either way), while every byte of copies costs each measurement time to make.
+LLC_MULTIPLE = 2
+#: The last-level cache assumed where the system does not say (the 32 MiB L3 of the AMD kinds).
+DEFAULT_LLC_BYTES = 32 * 1024 * 1024
+
+
+def last_level_cache_bytes() -> int:
+    """The size of this machine's largest CPU cache (Linux sysfs), else DEFAULT_LLC_BYTES."""
+    sizes = []
+    for index in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            text = open(index).read().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=DEFAULT_LLC_BYTES)
 
 
 @dataclass
@@ -73,7 +91,7 @@ class ModelTasks:
         """How the model's kernels are timed: with their inputs out of the caches as far as the
         rest of the model pushes them (`TimingPolicy.cold_bytes`), so that the tuner's estimate
         of the model (the weighted sum of its kernels' times) is what the model measures."""
-        return TimingPolicy(cold_bytes=min(self.data_bytes, COLD_BYTES_LIMIT))
+        return TimingPolicy(cold_bytes=min(self.data_bytes, LLC_MULTIPLE * last_level_cache_bytes()))
 
 
 def extract_tasks(graph: Graph, target: Target | None = None, simplify: bool = True,
