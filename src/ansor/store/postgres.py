@@ -26,7 +26,6 @@ and workloads read back exactly as they were given, and an export equals the SQL
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import re
@@ -38,6 +37,7 @@ from typing import Any, TypeVar
 
 from ansor.records import DatabaseError, Record, canonical_json, median, pool_runs
 from ansor.store.jsonl import loads_object, parse_jsonl, target_line, workload_line
+from ansor.store.rows import record_from_row, row_from_record, where_clause
 
 __all__ = ["SCHEMA_VERSION", "URL_SCHEMES", "PostgresStore", "is_postgres_url", "redacted_url"]
 
@@ -263,56 +263,15 @@ class PostgresStore:
 
     @staticmethod
     def _record_from_row(row: tuple) -> Record:
-        """Build a record from a trusted row without re-normalising it."""
-        wk, tk, sk, steps, costs, _median_cost, error_no, error_msg, all_cost, timestamp, version, node = row
-        rec = object.__new__(Record)
-        for name, value in (
-            ("workload_key", wk),
-            ("target_key", tk),
-            ("steps", json.loads(steps)),
-            ("state_key", sk),
-            ("costs", tuple(float(c) for c in json.loads(costs))),
-            ("error_no", int(error_no)),
-            ("error_msg", error_msg),
-            ("all_cost", float(all_cost)),
-            ("timestamp", float(timestamp)),
-            ("version", version),
-            ("node", node),
-        ):
-            object.__setattr__(rec, name, value)
-        return rec
+        return record_from_row(row)
 
     @staticmethod
     def _row_from_record(rec: Record) -> tuple:
-        if not isinstance(rec, Record):
-            raise TypeError(f"expected a Record, got {type(rec).__name__}")
-        cost = rec.median_cost
-        return (
-            rec.workload_key,
-            rec.target_key,
-            rec.state_key,
-            canonical_json(rec.steps),
-            canonical_json(list(rec.costs)),
-            cost if math.isfinite(cost) else None,
-            rec.error_no,
-            rec.error_msg,
-            rec.all_cost,
-            rec.timestamp,
-            rec.version,
-            rec.node,
-        )
+        return row_from_record(rec)
 
     @staticmethod
     def _where(workload_key: str | None, target_key: str | None) -> tuple[str, list[Any]]:
-        clauses: list[str] = []
-        params: list[Any] = []
-        if workload_key is not None:
-            clauses.append("workload_key = %s")
-            params.append(workload_key)
-        if target_key is not None:
-            clauses.append("target_key = %s")
-            params.append(target_key)
-        return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
+        return where_clause(workload_key, target_key, "%s")
 
     # ------------------------------------------------------- workloads/targets
 
