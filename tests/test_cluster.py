@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -339,31 +338,6 @@ def _model_file(folder) -> str:
     return str(path)
 
 
-def _with_database(url: str, name: str) -> str:
-    """`url` naming the database `name` instead."""
-    scheme, rest = url.split("://", 1)
-    authority, _, tail = rest.partition("/")
-    query = tail.partition("?")[2]
-    return f"{scheme}://{authority}/{name}" + (f"?{query}" if query else "")
-
-
-@pytest.fixture
-def postgres_url():
-    """A fresh database on the server .ci/postgres.sh starts (ANSOR_TEST_POSTGRES_URL), dropped after."""
-    psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg 3) is not installed")
-    server = os.environ.get("ANSOR_TEST_POSTGRES_URL")
-    if not server:
-        pytest.skip("no PostgreSQL server: ANSOR_TEST_POSTGRES_URL is not set (.ci/postgres.sh sets it)")
-    name = f"ansor_cluster_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield _with_database(server, name)
-    finally:
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 def _rows_per_program(url: str) -> dict[tuple[str, str, str], int]:
     """The PostgreSQL rows of each measured program, counted by the server."""
     import psycopg
@@ -384,30 +358,30 @@ def _check_model_built_from(url: str, model_path: str, graph, target) -> None:
     np.testing.assert_allclose(out, net(*inputs).detach().numpy(), rtol=1e-4, atol=1e-5)
 
 
-def test_a_models_tasks_tuned_into_postgresql_while_a_node_is_killed(postgres_url, own_cluster, tmp_path):
+def test_a_models_tasks_tuned_into_postgresql_while_a_node_is_killed(pg_url, own_cluster, tmp_path):
     address, second_node = own_cluster
     model_path = _model_file(tmp_path)
     net, inputs = runpy.run_path(model_path)["model"]()
     graph = ansor.graph.from_torch(net, inputs)
     one_core = ansor.Target.host(num_cores=1)  # what each 1-CPU node offers
     killer = KillNodeMidRun(second_node)
-    results = ansor.tune(graph, trials=16, database=postgres_url, cluster=address, target=one_core,
+    results = ansor.tune(graph, trials=16, database=pg_url, cluster=address, target=one_core,
                          policy="sketch.random", seed=5, confirm_best=0, progress=False, callbacks=[killer])
     assert killer.victim is not None, "the second node never measured a program"
     assert any(line.startswith(killer.victim) for line in killer.session.lost)  # the job saw it go
     assert len(results) == 2 and sum(r.trials for r in results) == 16  # the job finished on the other node
 
-    rows = _rows_per_program(postgres_url)
+    rows = _rows_per_program(pg_url)
     assert len(rows) == 16 and set(rows.values()) == {1}  # every measured program, each exactly once
     assert {w for w, _, _ in rows} == {r.task.workload_key for r in results}
-    with open_store(postgres_url, create=False)[0] as store:
+    with open_store(pg_url, create=False)[0] as store:
         records = [r for result in results for r in store.records(result.task.workload_key, one_core.key)]
     assert len(records) == 16
     for r in records:
         assert r.ok or (killer.victim in r.error_msg and "lost" in r.error_msg), r.error_msg
     after = {r.node for r in records if r.timestamp > killer.killed_at}
     assert after and killer.victim not in after, "the job did not go on on the node left"
-    _check_model_built_from(postgres_url, model_path, graph, one_core)
+    _check_model_built_from(pg_url, model_path, graph, one_core)
     pids = {pid for node_pids in killer.session.node_pids.values() for pid in node_pids} | killer.tree
     _assert_ended(pids, "a process of the killed node or of the job's actors is left")
 
@@ -471,21 +445,21 @@ def test_a_program_lost_twice_is_an_error_record_naming_both_nodes(tmp_path):
 
 # --- the command line ---------------------------------------------------------------------------
 
-def test_tune_model_on_a_cluster_into_postgresql_from_the_command_line(postgres_url, tmp_path, capsys):
+def test_tune_model_on_a_cluster_into_postgresql_from_the_command_line(pg_url, tmp_path, capsys):
     address = _needs_cluster()
     model_path = _model_file(tmp_path)
     assert main(["tune-model", model_path, "--cores", "1", "--trials", "4", "--cluster", address,
-                 "--database", postgres_url, "--seed", "1", "--quiet"]) == 0
+                 "--database", pg_url, "--seed", "1", "--quiet"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "4 programs measured" in out and "--cores 1" in out
-    rows = _rows_per_program(postgres_url)
+    rows = _rows_per_program(pg_url)
     assert len(rows) == 4 and set(rows.values()) == {1}
     one_core = ansor.Target.host(num_cores=1)
     assert {t for _, t, _ in rows} == {one_core.key}
-    with open_store(postgres_url, create=False)[0] as store:
+    with open_store(pg_url, create=False)[0] as store:
         assert all(r.ok and r.node for r in store.records())  # measured on a node, which the records name
     net, inputs = runpy.run_path(model_path)["model"]()
-    _check_model_built_from(postgres_url, model_path, ansor.graph.from_torch(net, inputs), one_core)
+    _check_model_built_from(pg_url, model_path, ansor.graph.from_torch(net, inputs), one_core)
 
 
 def test_a_cluster_failure_is_one_line_on_the_command_line(monkeypatch, tmp_path, capsys):

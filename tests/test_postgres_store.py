@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -41,38 +40,6 @@ def rec(state: str, costs=(1e-3,), error_no: int = 0, wk: str = WK, tk: str = TK
 
 
 # ------------------------------------------------------------------ where the stores live
-
-
-def _server_url() -> str:
-    pytest.importorskip("psycopg", reason="the postgres extra (psycopg 3) is not installed")
-    url = os.environ.get("ANSOR_TEST_POSTGRES_URL")
-    if not url:
-        pytest.skip("no PostgreSQL server: ANSOR_TEST_POSTGRES_URL is not set (.ci/postgres.sh sets it)")
-    return url
-
-
-def _with_database(url: str, name: str) -> str:
-    """`url` naming the database `name` instead (kept as a URL: libpq's key=value form is none)."""
-    scheme, rest = url.split("://", 1)
-    authority, _, tail = rest.partition("/")
-    query = tail.partition("?")[2]
-    return f"{scheme}://{authority}/{name}" + (f"?{query}" if query else "")
-
-
-@pytest.fixture
-def pg_url():
-    """A fresh, empty PostgreSQL database of this test."""
-    import psycopg
-
-    server = _server_url()
-    name = f"ansor_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield _with_database(server, name)
-    finally:
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
