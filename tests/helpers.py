@@ -15,7 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import importlib.util
 import math
+from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -26,6 +29,16 @@ from ansor.measure import Builder
 
 RTOL = 1e-4
 ATOL_UNIT = 1e-5
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """benchmarks/<name>.py as a module, for tests of its arguments and dry runs (the folder is
+    not a package)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def assert_close(actual: np.ndarray, expected: np.ndarray, what: str = "") -> None:

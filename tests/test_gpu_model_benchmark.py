@@ -4,22 +4,17 @@ timed run needs a CUDA GPU."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-from pathlib import Path
 
 import pytest
+from helpers import load_benchmark
 
 pytest.importorskip("torch")
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_model.py"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("gpu_model", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_model")
 
 
 def test_arguments_default_to_resnet18_on_sm_90_and_refuse_unknown_models():

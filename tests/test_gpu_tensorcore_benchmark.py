@@ -3,21 +3,16 @@ programs (compiled by nvcc where it is installed). The timed run needs a CUDA GP
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-from pathlib import Path
 
 import pytest
+from helpers import load_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_tensorcore.py"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("gpu_tensorcore", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_tensorcore")
 
 
 def test_arguments_default_to_the_4096_cube_and_refuse_unknown_types():
