@@ -29,6 +29,9 @@ TO_NCHW = (0, 3, 1, 2)
 
 #: Operators whose NHWC form is the same operator with layout="NHWC".
 LAYOUT_OPS = ("conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d")
+#: Convolutions whose NHWC form takes the weight as HWIO (an integer one's input channels are
+#: then contiguous, the depth of a dot-product instruction).
+CONVOLUTIONS = ("conv2d", "conv2d_integer")
 #: Operators that compute each element from the elements at the same position of their inputs
 #: (after broadcasting), so they commute with a transpose of all their operands.
 ELEMENTWISE_OPS = frozenset(UNARY_OPS + BINARY_OPS + ("gelu", "clamp", "cast", "where"))
@@ -38,7 +41,7 @@ def to_channels_last(graph: Graph) -> Graph:
     """The same function with its convolutions, pools and the elementwise work between them
     on NHWC activations (see the module docstring). A graph without a convolution whose
     weights are constant is returned unchanged."""
-    if not any(n.op == "conv2d" and n.attrs["layout"] == "NCHW" and _constant_weights(graph, n)
+    if not any(n.op in CONVOLUTIONS and n.attrs["layout"] == "NCHW" and _constant_weights(graph, n)
                for n in graph.nodes):
         return graph
     g = graph.copy()
@@ -65,12 +68,12 @@ def _constant_weights(g: Graph, conv: Node) -> bool:
 def _channels_last_form(g: Graph, node: Node, nhwc_source: dict[str, str]) -> str | None:
     """Add `node` computed on NHWC values and return its (NHWC) output, or None where the
     node stays as it is."""
-    if node.op == "conv2d" and node.attrs["layout"] == "NCHW" and _constant_weights(g, node):
+    if node.op in CONVOLUTIONS and node.attrs["layout"] == "NCHW" and _constant_weights(g, node):
         x = node.inputs[0]
         x = nhwc_source.get(x) or g.add_node("permute", [x], {"axes": TO_NHWC}, node.source)
         w = np.ascontiguousarray(g.constants[node.inputs[1]].transpose(2, 3, 1, 0))
         inputs = [x, g.add_constant(w, g.fresh_name("w")), *node.inputs[2:]]
-        return g.add_node("conv2d", inputs, {**node.attrs, "layout": "NHWC"}, node.source)
+        return g.add_node(node.op, inputs, {**node.attrs, "layout": "NHWC"}, node.source)
     if node.op in LAYOUT_OPS and node.attrs["layout"] == "NCHW" and node.inputs[0] in nhwc_source:
         return g.add_node(node.op, [nhwc_source[node.inputs[0]]],
                           {**node.attrs, "layout": "NHWC"}, node.source)

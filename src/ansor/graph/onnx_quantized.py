@@ -57,6 +57,22 @@ def _activation(imp: _OnnxImporter, node: Any, position: int) -> str:
     return imp.value(node.input[position])
 
 
+def _as_unsigned(imp: _OnnxImporter, x: str, x_zero: int, w: np.ndarray) -> tuple[str, int]:
+    """An int8 activation read by an int8 weight as the uint8 value x + 128 with zero point
+    x_zero + 128: conv(x - zx, w) = conv((x + 128) - (zx + 128), w), so the int32 sums are
+    the same, the correction -128 * sum(w) lands in the per-channel term (the requantization's
+    bias) with the zero point, and the product is the u8 x s8 one that VNNI's vpdpbusd
+    computes. Other operand types are returned as they are (the widening loop)."""
+    if imp.graph.type_of(x).dtype != "int8" or str(w.dtype) != "int8":
+        return x, x_zero
+    shifted = imp.__dict__.setdefault("_unsigned_views", {})  # one per activation, however many readers
+    if x not in shifted:
+        graph = imp.graph
+        wide = graph.add_node("add", [graph.add_node("cast", [x], {"dtype": "int16"}), imp.scalar(128, "int16")])
+        shifted[x] = graph.add_node("cast", [wide], {"dtype": "uint8"})
+    return shifted[x], x_zero + 128
+
+
 def _centered_weight(imp: _OnnxImporter, node: Any, w: np.ndarray, zero: np.ndarray | None,
                      axis: int) -> np.ndarray:
     """The weight minus its zero point (per tensor, or per output channel along `axis`): the
@@ -125,6 +141,7 @@ def _conv_accumulator(imp: _OnnxImporter, node: Any, x: str, w: np.ndarray, x_ze
     kernel = _attr(node, "kernel_shape", None)
     if kernel is not None and tuple(kernel) != tuple(w.shape[2:]):
         imp._unsupported(node, f"kernel_shape {list(kernel)} unlike the weight's {list(w.shape[2:])} of")
+    x, x_zero = _as_unsigned(imp, x, x_zero, w)
     pads = list(_attr(node, "pads", [0, 0, 0, 0]))
     attrs = {"stride": tuple(_attr(node, "strides", [1, 1])), "dilation": tuple(_attr(node, "dilations", [1, 1])),
              "padding": (pads[0], pads[1], pads[2], pads[3]), "groups": int(_attr(node, "group", 1)),
@@ -178,6 +195,7 @@ def _matmul_accumulator(imp: _OnnxImporter, node: Any, x: str, w: np.ndarray, x_
     """matmul_integer of `x` and the constant centered weight [K, N], and -x_zero * sum_k w."""
     if w.ndim != 2:
         imp._unsupported(node, f"weight of rank {w.ndim} (2-d only) of")
+    x, x_zero = _as_unsigned(imp, x, x_zero, w)
     acc = imp.graph.add_node("matmul_integer", [x, imp.graph.add_constant(np.ascontiguousarray(w))],
                              source=f"ONNX {node.op_type} {node.name!r}")
     return acc, -int(x_zero) * w.astype(np.int64).sum(axis=0)

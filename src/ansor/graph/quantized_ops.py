@@ -38,14 +38,17 @@ def _check_operands(op: str, x: TensorType, w: TensorType) -> None:
 
 
 @_register("conv2d_integer", 2, {"stride": (1, 1), "padding": (0, 0, 0, 0), "dilation": (1, 1),
-                                 "groups": 1, "pad_value": 0})
+                                 "groups": 1, "pad_value": 0, "layout": "NCHW"})
 def _conv2d_integer_type(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
-    """NCHW input, OIHW weight (I = C / groups); the int32 sums over input channels and taps."""
+    """NCHW input with an OIHW weight, or NHWC input with an HWIO weight (I = C / groups); the
+    int32 sums over input channels and taps, in the input's layout."""
     x, w = types
     _check_operands("conv2d_integer", x, w)
     _check(len(x.shape) == 4 and len(w.shape) == 4, "conv2d_integer: needs 4-d input and weight")
-    n, c, h, wd = x.shape
-    o, ci, kh, kw = w.shape
+    layout = attrs["layout"]
+    _check(layout in ("NCHW", "NHWC"), f"conv2d_integer: layout {layout!r} (NCHW or NHWC)")
+    n, c, h, wd = x.shape if layout == "NCHW" else (x.shape[0], x.shape[3], x.shape[1], x.shape[2])
+    o, ci, kh, kw = w.shape if layout == "NCHW" else (w.shape[3], w.shape[2], w.shape[0], w.shape[1])
     g = attrs["groups"]
     _check(c == ci * g and o % g == 0, f"conv2d_integer: {c} channels, weight {w.shape}, groups {g}")
     (sh, sw), (dh, dw) = attrs["stride"], attrs["dilation"]
@@ -53,7 +56,7 @@ def _conv2d_integer_type(types: list[TensorType], attrs: dict[str, Any]) -> Tens
     oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
     ow = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
     _check(oh > 0 and ow > 0, f"conv2d_integer: empty output for input {x.shape}")
-    return TensorType((n, o, oh, ow), "int32")
+    return TensorType((n, o, oh, ow) if layout == "NCHW" else (n, oh, ow, o), "int32")
 
 
 @_register("matmul_integer", 2)
@@ -72,6 +75,9 @@ def _matmul_integer_type(types: list[TensorType], attrs: dict[str, Any]) -> Tens
 @_kernel("conv2d_integer")
 def _conv2d_integer(xs: list[np.ndarray], a: dict[str, Any]) -> np.ndarray:
     x, w = xs[0].astype(np.int64), xs[1].astype(np.int64)
+    if a["layout"] == "NHWC":  # the NCHW computation on transposed views
+        y = _conv2d_integer([x.transpose(0, 3, 1, 2), w.transpose(3, 2, 0, 1)], {**a, "layout": "NCHW"})
+        return np.ascontiguousarray(y.transpose(0, 2, 3, 1))
     (pt, pl, pb, pr), g = conv_padding4(a["padding"]), a["groups"]
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
@@ -101,6 +107,8 @@ def _widened(value: E.Expr) -> E.Expr:
 def _lower_conv2d_integer(args: list[Value], node: Node, out: TensorType, name: str) -> te.Tensor:
     data, weight = _tensor(args[0], node, "input"), _tensor(args[1], node, "weight")
     a = node.attrs
+    if a["layout"] == "NHWC":
+        return _conv2d_integer_nhwc(data, weight, a, out, name)
     pt, pl, pb, pr = conv_padding4(a["padding"])
     (sh, sw), (dh, dw), groups = a["stride"], a["dilation"], a["groups"]
     o, cpg, kh, kw = weight.shape
@@ -115,6 +123,27 @@ def _lower_conv2d_integer(args: list[Value], node: Node, out: TensorType, name: 
                      * _widened(weight[ff, rc, ry, rx]), axis=[rc, ry, rx], dtype="int32")
 
     return te.compute(out.shape, body, name=name, tag="conv2d_nchw")
+
+
+def _conv2d_integer_nhwc(data: te.Tensor, weight: te.Tensor, a: dict[str, Any], out: TensorType,
+                         name: str) -> te.Tensor:
+    """out[n, y, x, f] = sum over (ry, rx, rc) of data[n, y*sh + ry*dh, x*sw + rx*dw, c] *
+    weight[ry, rx, rc, f]: the input channels innermost of the reduction and contiguous in
+    both operands, the form a dot-product instruction's depth takes (4 channels per step)."""
+    pt, pl, pb, pr = conv_padding4(a["padding"])
+    (sh, sw), (dh, dw), groups = a["stride"], a["dilation"], a["groups"]
+    kh, kw, cpg, o = weight.shape
+    opg = o // groups
+    if pt or pl or pb or pr:
+        data = te.ops.pad(data, (0, pt, pl, 0), (0, pb, pr, 0), a["pad_value"], name=f"{name}_pad")
+    ry, rx, rc = te.reduce_axis(kh, "ry"), te.reduce_axis(kw, "rx"), te.reduce_axis(cpg, "rc")
+
+    def body(nn, yy, xx, ff):
+        channel = rc if groups == 1 else (ff // opg) * cpg + rc
+        return E.sum(_widened(data[nn, yy * sh + ry * dh, xx * sw + rx * dw, channel])
+                     * _widened(weight[ry, rx, rc, ff]), axis=[ry, rx, rc], dtype="int32")
+
+    return te.compute(out.shape, body, name=name, tag="conv2d_nhwc")
 
 
 @_lowers("matmul_integer")

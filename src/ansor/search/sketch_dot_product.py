@@ -1,13 +1,18 @@
 """The sketch rule of dot-product instructions (auto-tensorization on the CPU).
 
 A stage that sums widening products of two narrow operands (uint8 x int8 -> int32, bfloat16 x
-bfloat16 -> float32), one of them a weight read as W[k, j] with j the stage's last axis and
-the other read contiguously along k, is matched against the target's instructions
-(`ansor.instructions`). Where one fits, the stage is tiled as every matmul is (SSRSRS, an
-accumulator per tile), except that the reduction is first split by the instruction's depth
-and that piece stays innermost of the reduction loops, and the weight is copied into the
-instruction's layout, tiled along j by the innermost tile and interleaved along k by the depth
-(packed once when it is constant). Tile sizes, compute locations, parallelism and unrolling
+bfloat16 -> float32), one of them a weight read as W[.., k, .., j] with j the stage's last axis
+and k one of its reduction axes, the other read contiguously along k (its last index), is
+matched against the target's instructions (`ansor.instructions`): a matmul (k the only
+reduction) or an NHWC convolution (k the input channels, the kernel window's axes the other
+reductions: data[n, y*s + ry, x*s + rx, c] x W[ry, rx, c, f]). Where one fits, the stage is
+tiled as every matmul is (SSRSRS, an accumulator per tile), except that k is first split by
+the instruction's depth and that piece stays innermost of the reduction loops, and the weight
+is copied into the instruction's layout, tiled along j by the innermost tile and interleaved
+along k by the depth (packed once when it is constant). A row operand that is computed (a
+convolution's padded input) is kept as a copy at the root rather than inlined, so the
+instruction reads it as a plain buffer (the padded copy of an NHWC image costs one pass over
+the input; inlined, its bounds checks would leave only the widening loop). Tile sizes, compute locations, parallelism and unrolling
 are then annotated and evolved as for any sketch; the CPU's lowering (`lower/dot_product.py`)
 turns each accumulator nest of that shape into instructions. A sampled program whose shape
 does not fit (an innermost tile that is not whole vectors) keeps the widening loop.
@@ -33,6 +38,8 @@ class DotProductMatch:
     packed_stage: int
     packed_dim_j: int
     packed_dim_k: int
+    reduce_index: int = 0          # which of the stage's reduction axes is k
+    row_stage: int = -1            # the row operand's stage
 
 
 def _read_of(expr: E.Expr) -> E.TensorRead | None:
@@ -44,7 +51,7 @@ def _read_of(expr: E.Expr) -> E.TensorRead | None:
 def match_dot_product(state: State, sid: int, features: tuple[str, ...], vector_bytes: int) -> DotProductMatch | None:
     """The instruction that can compute stage `sid`, or None (see the module docstring)."""
     st = state.stages[sid]
-    if st.is_placeholder or len(st.op.reduce_axes) != 1 or not st.op.axes:
+    if st.is_placeholder or not st.op.reduce_axes or not st.op.axes:
         return None
     body = state.effective_body(sid)
     if not (isinstance(body, E.Reduce) and body.combiner == "sum" and body.where is None):
@@ -55,10 +62,13 @@ def match_dot_product(state: State, sid: int, features: tuple[str, ...], vector_
     reads = [_read_of(source.a), _read_of(source.b)]
     if any(r is None for r in reads):
         return None
-    k, j = st.op.reduce_axes[0], st.op.axes[-1]
+    j = st.op.axes[-1]
     for row, packed in (reads, reads[::-1]):
         pid = state.stage_id(packed.tensor)
-        if not state.stages[pid].is_placeholder or not row.indices or row.indices[-1] is not k:
+        if not state.stages[pid].is_placeholder or not row.indices:
+            continue
+        k = row.indices[-1]
+        if not any(k is r for r in st.op.reduce_axes):
             continue
         if any(any(v is k for v in E.free_vars(i)) for i in row.indices[:-1]) or \
                 any(v is j for i in row.indices for v in E.free_vars(i)):
@@ -66,12 +76,14 @@ def match_dot_product(state: State, sid: int, features: tuple[str, ...], vector_
         dims_j = [d for d, i in enumerate(packed.indices) if i is j]
         dims_k = [d for d, i in enumerate(packed.indices) if i is k]
         others = [i for d, i in enumerate(packed.indices) if d not in dims_j + dims_k]
-        if len(dims_j) != 1 or len(dims_k) != 1 or not all(isinstance(i, E.Var) for i in others):
-            continue
+        if len(dims_j) != 1 or len(dims_k) != 1 or \
+                not all(any(i is r for r in st.op.reduce_axes) for i in others):
+            continue  # the weight: one dimension each for j and k, whole reduction axes besides
         ins = find_instruction(features, vector_bytes, row.tensor.dtype, packed.tensor.dtype, body.dtype)
         if ins is None or j.extent % ins.lanes or k.extent % ins.depth:
             continue
-        return DotProductMatch(ins, pid, dims_j[0], dims_k[0])
+        reduce_index = next(n for n, r in enumerate(st.op.reduce_axes) if r is k)
+        return DotProductMatch(ins, pid, dims_j[0], dims_k[0], reduce_index, state.stage_id(row.tensor))
     return None
 
 
@@ -97,12 +109,22 @@ def _apply(ctx, state: State, sid: int):
     if match is None or consumer is None:
         return []
     ins = match.instruction
+    row = base.stages[match.row_stage]
+    if not row.is_placeholder and row.origin != "cache_read":
+        # a computed row operand (padding): a copy at the root that the rules never inline
+        base.cache_read(match.row_stage, "global", [base.stage_id(base.stages[sid].name)])
+        sid += 1
+        consumer += 1
+        match = match_dot_product(base, sid, target.dot_products, target.vector_unit_bytes)
+        if match is None:
+            return []
     out = []
     for level in ctx.fusion_levels:
         if ctx.tiling_structure[level - 1] != "S":
             continue
         s = base.copy()
-        k = next(it for it in s.stages[sid].iters if it.kind == "reduce")
+        k_name = s.stages[sid].op.reduce_axes[match.reduce_index].name
+        k = next(it for it in s.stages[sid].iters if it.kind == "reduce" and it.name == k_name)
         _, depth_piece = s.split(sid, k.name, [ins.depth])
         split_ids = multi_level_tile(s, sid, ctx.tiling_structure, None, untiled=[depth_piece.name])
         follow_tiling(s, consumer, split_ids, level)
