@@ -340,6 +340,10 @@ def test_cold_inputs_cycle_through_copies(builder: Builder, float_task) -> None:
         rotation.timed(buffers, 8)  # two rounds of the four copies
         counts = [call.buffers[0][0] for call in rotation._calls]
         assert counts == [2.0, 2.0, 2.0, 2.0]
+        rotation.timed(buffers, 3)  # a repeat is not rounded up to whole rounds of copies
+        rotation.timed(buffers, 4)  # and the next one goes on from the copy where it stopped
+        rotation(buffers)           # a warm-up call is one call
+        assert [call.buffers[0][0] for call in rotation._calls] == [4.0, 4.0, 4.0, 4.0]
         costs = measure_costs(kernel, buffers, TimingPolicy(repeat=2, min_repeat_ms=1.0, cold_bytes=1 << 20),
                               n_inputs=2)
         assert len(costs) == 2 and all(c > 0 for c in costs)

@@ -82,3 +82,18 @@ class KernelSequence:
         failed = self._run(*self._argv)
         if failed:
             raise RuntimeError(f"kernel sequence: call {failed - 1} has an unsupported number of arguments")
+
+    def run_slice(self, start: int, count: int) -> None:
+        """Calls `start` .. `start + count - 1` only (one foreign call): a timed repeat need not
+        be a whole number of rounds of the sequence."""
+        n = len(self._nargs)
+        if not (0 <= start and count >= 0 and start + count <= n):
+            raise ValueError(f"kernel sequence: calls {start}..{start + count - 1} out of 0..{n - 1}")
+        if count == 0:
+            return
+        pointer = ctypes.sizeof(ctypes.c_void_p)
+        failed = self._run(ctypes.c_int(count), ctypes.c_void_p(ctypes.addressof(self._fns) + start * pointer),
+                           ctypes.c_void_p(ctypes.addressof(self._nargs) + start * ctypes.sizeof(ctypes.c_int)),
+                           ctypes.c_void_p(ctypes.addressof(self._args) + start * pointer))
+        if failed:
+            raise RuntimeError(f"kernel sequence: call {start + failed - 1} has an unsupported number of arguments")

@@ -140,11 +140,14 @@ MAX_COPIES = 256
 
 class RotatedCalls:
     """A kernel called on the next of several copies of its inputs and packed buffers each
-    time, timed as the copies in order (`number` counts calls, not rounds of copies).
+    time, the copies taken in turn (`number` counts calls, not rounds of copies).
 
-    Looks like a `KernelLibrary` to `measure_costs`: `timed(buffers, number)` runs `number`
-    calls from C (`measure.sequence`, one foreign call per round of copies) and `__call__`
-    runs one round. The outputs are shared by every copy, as a model's planned buffer is."""
+    Looks like a `KernelLibrary` to `measure_costs`: `timed(buffers, number)` runs exactly
+    `number` calls from C (`measure.sequence`, one foreign call per stretch of copies), going
+    on from the copy where the last call stopped, and `__call__` runs one call. A repeat is
+    never rounded up to whole rounds: a slow kernel with many copies would otherwise spend a
+    whole round (tens of calls) on every probe and repeat. The outputs are shared by every
+    copy, as a model's planned buffer is."""
 
     def __init__(self, kernel: KernelLibrary, buffers: Sequence[np.ndarray], cold_bytes: int,
                  n_inputs: int | None = None) -> None:
@@ -164,16 +167,23 @@ class RotatedCalls:
             sets.append(copy)
         calls = [kernel.fixed_call(s) for s in sets]  # each holds its buffers alive
         self._calls = calls
-        self._round = KernelSequence([(c.address, c.pointers) for c in calls])
+        self._sequence = KernelSequence([(c.address, c.pointers) for c in calls])
+        self._next = 0  # the copy the next call uses
         self.nbytes = set_bytes * self.copies
 
+    def _run(self, number: int) -> None:
+        left = number
+        while left > 0:
+            count = min(left, self.copies - self._next)
+            self._sequence.run_slice(self._next, count)
+            self._next = (self._next + count) % self.copies
+            left -= count
+
     def __call__(self, buffers: Sequence[np.ndarray]) -> None:
-        self._round()
+        self._run(1)
 
     def timed(self, buffers: Sequence[np.ndarray], number: int) -> float:
-        """Seconds of at least `number` calls, scaled to `number` (whole rounds of copies)."""
-        rounds = max(1, -(-number // self.copies))
+        """Seconds of `number` calls, each on the next copy."""
         start = time.perf_counter()
-        for _ in range(rounds):
-            self._round()
-        return (time.perf_counter() - start) * number / (rounds * self.copies)
+        self._run(number)
+        return time.perf_counter() - start
