@@ -182,3 +182,25 @@ def test_a_requantized_convolution_is_one_task_whose_reduction_uses_vpdpbusd(x_t
     for state, _ in programs[:3]:
         got = compile_state(task, state)(*inputs)
         np.testing.assert_array_equal(got, want[0])
+
+
+def test_a_three_channel_image_is_padded_to_the_depth_and_takes_the_instruction():
+    """The stem of a CNN: 3 input channels become 4 (the input padded with its zero point, the
+    weight with zeros), so its convolution matches vpdpbusd too, with the same int32 sums."""
+    rng = np.random.default_rng(13)
+    w = rng.integers(-128, 128, (16, 3, 7, 7), dtype=np.int8)
+    model = _model([helper.make_node("ConvInteger", ["x", "w", "xz"], ["y"], pads=[3, 3, 3, 3], strides=[2, 2])],
+                   [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 3, 12, 12])],
+                   [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
+                   {"w": w, "xz": np.array(100, np.uint8)})
+    x = rng.integers(0, 256, (1, 3, 12, 12), dtype=np.uint8)
+    want = _numpy_conv_nhwc(x.transpose(0, 2, 3, 1).astype(np.int64) - 100, w.transpose(2, 3, 1, 0),
+                            (2, 2), (3, 3, 3, 3), 0).transpose(0, 3, 1, 2)
+    (conv,) = _conv_tasks(model, VNNI_512)
+    policy = SketchPolicy(conv, seed=0)
+    try:
+        assert all("vpdpbusd" in " ".join(s.history) for s in policy.sketches)
+    finally:
+        policy.close()
+    compiled = build_model(from_onnx(model), None, verbose=False)
+    np.testing.assert_array_equal(compiled(x), want)

@@ -32,6 +32,9 @@ LAYOUT_OPS = ("conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d")
 #: Convolutions whose NHWC form takes the weight as HWIO (an integer one's input channels are
 #: then contiguous, the depth of a dot-product instruction).
 CONVOLUTIONS = ("conv2d", "conv2d_integer")
+#: The depth of the int8 dot-product instructions (vpdpbusd, AMX, Arm's sdot): an integer
+#: convolution's input channels are padded to a multiple of it.
+INTEGER_CHANNEL_MULTIPLE = 4
 #: Operators that compute each element from the elements at the same position of their inputs
 #: (after broadcasting), so they commute with a transpose of all their operands.
 ELEMENTWISE_OPS = frozenset(UNARY_OPS + BINARY_OPS + ("gelu", "clamp", "cast", "where"))
@@ -72,6 +75,8 @@ def _channels_last_form(g: Graph, node: Node, nhwc_source: dict[str, str]) -> st
         x = node.inputs[0]
         x = nhwc_source.get(x) or g.add_node("permute", [x], {"axes": TO_NHWC}, node.source)
         w = np.ascontiguousarray(g.constants[node.inputs[1]].transpose(2, 3, 1, 0))
+        if node.op == "conv2d_integer":
+            x, w = _channels_to_depth(g, node, x, w)
         inputs = [x, g.add_constant(w, g.fresh_name("w")), *node.inputs[2:]]
         return g.add_node(node.op, inputs, {**node.attrs, "layout": "NHWC"}, node.source)
     if node.op in LAYOUT_OPS and node.attrs["layout"] == "NCHW" and node.inputs[0] in nhwc_source:
@@ -82,6 +87,20 @@ def _channels_last_form(g: Graph, node: Node, nhwc_source: dict[str, str]) -> st
         if inputs is not None:
             return g.add_node(node.op, inputs, node.attrs, node.source)
     return None
+
+
+def _channels_to_depth(g: Graph, node: Node, x: str, w: np.ndarray) -> tuple[str, np.ndarray]:
+    """An integer convolution's NHWC input and HWIO weight with the input channels padded to
+    a multiple of INTEGER_CHANNEL_MULTIPLE (the input with its zero point, the weight with
+    zeros: the sums are unchanged), so that a 3-channel image's convolution also steps through
+    its channels four at a time, as an int8 dot-product instruction does."""
+    channels = w.shape[2]
+    extra = -channels % INTEGER_CHANNEL_MULTIPLE
+    if not extra or node.attrs["groups"] != 1:
+        return x, w
+    padded = g.add_node("pad", [x], {"pads": ((0, 0), (0, 0), (0, 0), (0, extra)),
+                                     "value": node.attrs["pad_value"]}, node.source)
+    return padded, np.ascontiguousarray(np.pad(w, ((0, 0), (0, 0), (0, extra), (0, 0))))
 
 
 def _elementwise_inputs(g: Graph, node: Node, nhwc_source: dict[str, str]) -> list[str] | None:
