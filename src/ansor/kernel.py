@@ -19,6 +19,7 @@ from ansor.replay import replay_records
 from ansor.schedule.state import State
 from ansor.search.basic import default_schedule
 from ansor.task import Task
+from ansor.torch_arrays import tensor_to_numpy
 
 
 def input_array(name: str, value: Any, shape: tuple[int, ...], dtype: str) -> np.ndarray:
@@ -41,7 +42,7 @@ def input_array(name: str, value: Any, shape: tuple[int, ...], dtype: str) -> np
         got = str(value.dtype).removeprefix("torch.")
         if got != expected.name:
             raise TypeError(f"input {name!r}: expected dtype {expected}, got torch.{got}")
-        array = value.detach().cpu().numpy()
+        array = tensor_to_numpy(value)
     elif isinstance(value, (list, tuple, int, float, bool)):
         given = np.asarray(value)
         if given.dtype.kind not in "biuf" or not np.can_cast(given.dtype, expected, casting="same_kind"):

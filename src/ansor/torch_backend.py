@@ -231,14 +231,15 @@ def _check_against_eager(gm: Any, compiled: Any, example_inputs: Sequence[Any], 
     import torch
 
     from ansor.graph.compiled import OutputMismatchError, compare_outputs
+    from ansor.torch_arrays import tensor_to_numpy
 
     with torch.no_grad():
         want = gm(*example_inputs)
         got = compiled(*[example_inputs[i].detach() for i in activation_positions])
     want = list(want) if isinstance(want, (tuple, list)) else [want]
     got = list(got) if isinstance(got, tuple) else [got]
-    as_numpy = [g.numpy() if isinstance(g, torch.Tensor) else g for g in got]
-    report = compare_outputs(compiled, as_numpy, [w.detach().cpu().numpy() for w in want])
+    as_numpy = [tensor_to_numpy(g) if isinstance(g, torch.Tensor) else g for g in got]
+    report = compare_outputs(compiled, as_numpy, [tensor_to_numpy(w) for w in want])
     if not report.ok:
         raise OutputMismatchError(f"ansor backend: a compiled graph disagrees with PyTorch eager on the example "
                                   f"inputs: {report.first_mismatch}", report)

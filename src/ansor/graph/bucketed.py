@@ -26,6 +26,7 @@ from ansor.graph.padding import PaddingPlan, plan_padding, valid_indices
 from ansor.kernel import build_many
 from ansor.records import RecordStore
 from ansor.target import Target
+from ansor.torch_arrays import numpy_to_tensor, tensor_to_numpy
 from ansor.tuning.callbacks import TuningCallback
 from ansor.tuning.quick import model_quick_seconds, quick_search_tasks, tasks_without_records
 
@@ -121,7 +122,7 @@ class BucketedModel:
 
     def __call__(self, *inputs: Any):
         as_torch = any(type(x).__module__.startswith("torch") for x in inputs)
-        arrays = [x.detach().cpu().numpy() if type(x).__module__.startswith("torch") else np.asarray(x)
+        arrays = [tensor_to_numpy(x) if type(x).__module__.startswith("torch") else np.asarray(x)
                   for x in inputs]
         sizes = self._sizes(arrays)
         padded_sizes = self._bucket_sizes(sizes)
@@ -135,9 +136,7 @@ class BucketedModel:
         outs = list(outs) if isinstance(outs, tuple) else [outs]
         results = [_cut(o, roles, padded_sizes, sizes) for o, roles in zip(outs, bucket.plan.output_roles)]
         if as_torch:
-            import torch
-
-            results = [torch.from_numpy(r) for r in results]
+            results = [numpy_to_tensor(r) for r in results]
         return results[0] if len(results) == 1 else tuple(results)
 
     def summary(self) -> str:

@@ -45,6 +45,7 @@ from ansor.measure.check import check_outputs, task_rtol
 from ansor.measure.sequence import KernelSequence
 from ansor.memory import aligned_copy, aligned_empty
 from ansor.target import Target
+from ansor.torch_arrays import numpy_to_tensor, tensor_to_numpy
 from ansor.tuning.callbacks import TuningCallback
 from ansor.tuning.quick import model_quick_seconds, quick_search_tasks, tasks_without_records
 
@@ -294,9 +295,7 @@ class CompiledModel:
                         run()
         results = [np.array(self._values[o]) for o in g.outputs]  # copies: the next call reuses the buffers
         if as_torch:
-            import torch
-
-            results = [torch.from_numpy(r) for r in results]
+            results = [numpy_to_tensor(r) for r in results]
         return results[0] if len(results) == 1 else tuple(results)
 
     # ----------------------------------------------------------------------- checking
@@ -496,7 +495,7 @@ def _largest_errors(got: np.ndarray, expected: np.ndarray) -> tuple[float, float
 
 
 def _as_numpy(x: Any) -> np.ndarray:
-    return x.detach().cpu().numpy() if _is_torch(x) else np.asarray(x)
+    return tensor_to_numpy(x) if _is_torch(x) else np.asarray(x)
 
 
 def _is_torch(x: Any) -> bool:

@@ -18,6 +18,7 @@ import math
 
 import numpy as np
 
+from ansor.graph.half_precision import HALF_FLOAT_DTYPES
 from ansor.graph.ir import Graph, Node
 from ansor.graph.layout import to_channels_last
 from ansor.graph.ops import conv_padding4
@@ -53,6 +54,8 @@ def fold_batch_norm(graph: Graph) -> Graph:
             continue
         w = g.constants[conv.inputs[1]]
         dtype = w.dtype
+        if str(dtype) in HALF_FLOAT_DTYPES:
+            continue  # PyTorch rounds the conv's result before normalizing; folded weights would be rounded too
         scale = (g.constants[gamma].astype(np.float64)
                  / np.sqrt(g.constants[var].astype(np.float64) + bn.attrs["eps"]))
         bias = (g.constants[conv.inputs[2]].astype(np.float64) if len(conv.inputs) == 3

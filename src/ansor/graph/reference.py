@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ansor.graph.half_precision import COMPUTE_DTYPE, HALF_FLOAT_DTYPES, widened
 from ansor.graph.ir import Graph, GraphError, Node
 from ansor.graph.ops import conv_padding4
 from ansor.te import winograd
@@ -551,10 +552,16 @@ def run_node(graph: Graph, node: Node, args: list[np.ndarray]) -> np.ndarray:
         attrs["out_hw"] = out_type.shape[1:3] if channels_last else out_type.shape[2:]
     for position, size, negative in gathered_indices(node, args):
         check_indices(node, position, np.asarray(args[position]), size, negative)
+    widen = widened(node, graph)
+    if widen:  # half floats computed in float32, rounded once (graph/half_precision.py)
+        args = [np.asarray(a).astype(COMPUTE_DTYPE) if str(np.asarray(a).dtype) in HALF_FLOAT_DTYPES
+                else a for a in args]
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         y = KERNELS[node.op](args, attrs)
     if channels_last:
         y = np.ascontiguousarray(np.asarray(y).transpose(0, 2, 3, 1))
+    if widen and out_type.dtype in HALF_FLOAT_DTYPES:
+        y = cast_array(np.asarray(y, dtype=COMPUTE_DTYPE), out_type.dtype)
     y = np.asarray(y, dtype=out_type.dtype)
     if y.shape != out_type.shape:
         raise GraphError(f"%{node.output} = {node.op}: kernel gave shape {y.shape}, "
@@ -583,8 +590,8 @@ def random_inputs(graph: Graph, seed: int = 0) -> list[np.ndarray]:
     for name in graph.inputs:
         t = graph.types[name]
         dtype = np.dtype(t.dtype)
-        if dtype.kind == "f":
-            arrays.append(rng.uniform(-1.0, 1.0, t.shape).astype(dtype))
+        if dtype.kind == "f" or t.dtype in HALF_FLOAT_DTYPES:
+            arrays.append(rng.uniform(-1.0, 1.0, t.shape).astype(np.float32).astype(dtype))
         elif dtype.kind in "iu":
             arrays.append(rng.integers(0, max(1, bound.get(name, 2)), t.shape).astype(dtype))
         elif dtype.kind == "b":

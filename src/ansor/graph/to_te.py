@@ -21,6 +21,7 @@ from typing import Callable, Sequence, Union
 import numpy as np
 
 from ansor import te
+from ansor.graph.half_precision import NO_WIDENED_FORM, compute_type, rounded, widen_value, widened
 from ansor.graph.ir import Node
 from ansor.graph.ops import TensorType, channel_dim, spatial_dims
 from ansor.graph.partition import SCALAR_ELEMENTS, Subgraph, canonical_names
@@ -101,9 +102,18 @@ def lower_subgraph(subgraph: Subgraph, target: Target | None = None) -> Subgraph
         _check_type(out_type, f"%{node.output} = {node.op}")
         if out_type.dtype == "bool":  # te computes hold numbers; conditions live in expressions
             raise NotImplementedError(f"%{node.output} = {node.op}: a bool result has no te form")
+        args = [env[i] for i in node.inputs]
+        stage_name = f"{names[node.output]}_{node.op}"
+        widen = widened(node, g)  # bfloat16 computed in float32, rounded once
+        if widen and node.op in NO_WIDENED_FORM:
+            raise NotImplementedError(f"%{node.output} = {node.op}: no te form on bfloat16 operands")
         try:
-            env[node.output] = LOWERINGS[node.op]([env[i] for i in node.inputs], node, out_type,
-                                                  f"{names[node.output]}_{node.op}")
+            if widen:
+                result = LOWERINGS[node.op]([widen_value(a) for a in args], node,
+                                            compute_type(out_type), stage_name)
+                env[node.output] = rounded(result, out_type.dtype, stage_name)
+            else:
+                env[node.output] = LOWERINGS[node.op](args, node, out_type, stage_name)
         except TypeError as exc:  # te's dtype rules (a float16 sum, a mix): the reference runs it
             if all(g.types[i].dtype in _FULL_WIDTH for i in [*node.inputs, node.output]):
                 raise

@@ -25,6 +25,7 @@ import numpy as np
 
 from ansor.graph.ir import Graph, GraphError
 from ansor.graph.ops import TensorType
+from ansor.torch_arrays import numpy_to_tensor, tensor_to_numpy
 
 if TYPE_CHECKING:
     import torch
@@ -264,7 +265,7 @@ class _Importer:
     # ------------------------------------------------------------------------- constants
 
     def _constant(self, tensor: "torch.Tensor") -> Ref:
-        array = tensor.detach().cpu().contiguous().numpy()
+        array = tensor_to_numpy(tensor.detach().cpu().contiguous())
         return Ref(self.graph.add_constant(array.copy()))
 
     def _foldable(self, args: Any, kwargs: Any) -> bool:
@@ -286,9 +287,9 @@ class _Importer:
         def to_torch(o: Any) -> Any:
             if isinstance(o, Ref) and not self.graph.is_constant(o.name):  # an empty input
                 t = self.type_of(o)
-                return torch.from_numpy(np.empty(t.shape, dtype=t.dtype))
+                return numpy_to_tensor(np.empty(t.shape, dtype=t.dtype))
             if isinstance(o, Ref):
-                return torch.from_numpy(self.graph.constants[o.name].copy())
+                return numpy_to_tensor(self.graph.constants[o.name].copy())
             if isinstance(o, (list, tuple)):
                 return type(o)(to_torch(x) for x in o)
             if isinstance(o, dict):

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .check import check_outputs, unwritten_like
+from .check import BFLOAT16, check_outputs, unwritten_like
 from .errors import FAILED_COST, MeasureErrorNo
 from .library import KernelLibrary
 from ansor.memory import aligned_copy
@@ -215,9 +215,7 @@ class Runner:
     def _save(directory: str, stem: str, arrays: list[np.ndarray]) -> tuple[str, ...]:
         paths = []
         for index, array in enumerate(arrays):
-            path = os.path.join(directory, f"{stem}{index}.npy")
-            np.save(path, array, allow_pickle=False)
-            paths.append(path)
+            paths.append(save_array(os.path.join(directory, f"{stem}{index}"), array))
         return tuple(paths)
 
     def run(self, lib_path: str, func_name: str, timing: TimingPolicy | None = None) -> RunResult:
@@ -328,3 +326,23 @@ class Runner:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown may have torn modules down
             pass
+
+
+#: a file of this suffix holds the bits of a bfloat16 array as uint16 (np.save would write its
+#: ml_dtypes type as raw two-byte records, read back as no number type at all)
+_BFLOAT16_SUFFIX = ".bfloat16.npy"
+
+
+def save_array(stem: str, array: np.ndarray) -> str:
+    """Save `array` to `stem` plus a suffix that keeps its dtype; returns the path."""
+    if array.dtype == BFLOAT16:
+        np.save(stem + _BFLOAT16_SUFFIX, array.view(np.uint16), allow_pickle=False)
+        return stem + _BFLOAT16_SUFFIX
+    np.save(stem + ".npy", array, allow_pickle=False)
+    return stem + ".npy"
+
+
+def load_array(path: str) -> np.ndarray:
+    """An array saved by `save_array`, with its dtype."""
+    array = np.load(path, allow_pickle=False)
+    return array.view(BFLOAT16) if path.endswith(_BFLOAT16_SUFFIX) else array

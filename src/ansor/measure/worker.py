@@ -17,7 +17,7 @@ from ansor.process_lifetime import bind_to_parent
 
 from .errors import MeasureErrorNo
 from .library import KernelLibrary
-from .run import RunRequest, RunResult, evaluate_kernel
+from .run import RunRequest, RunResult, evaluate_kernel, load_array
 
 
 class _TaskArrays:
@@ -32,8 +32,8 @@ class _TaskArrays:
         if request.task_key == self.key:
             return
         self.key = None
-        self.inputs = [np.load(path, allow_pickle=False) for path in request.input_paths]
-        self.expected = [np.load(path, allow_pickle=False) for path in request.expected_paths]
+        self.inputs = [load_array(path) for path in request.input_paths]
+        self.expected = [load_array(path) for path in request.expected_paths]
         self.key = request.task_key
 
 
