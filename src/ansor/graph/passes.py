@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from ansor.graph.half_precision import HALF_FLOAT_DTYPES
+from ansor.graph.int8_offset import offset_signed_int8_matmuls
 from ansor.graph.ir import Graph, Node
 from ansor.graph.layout import to_channels_last
 from ansor.graph.ops import conv_padding4
@@ -215,6 +216,7 @@ def simplify(graph: Graph, channels_last: bool = True, winograd: bool = True) ->
     g = fold_pad_into_conv(g)
     g = rewrite(g).graph  # checked, cost-lowering rewrites; attention fused into one operator
     g = decompose_attention(g)
+    g = offset_signed_int8_matmuls(g)  # int8 x int8 as uint8 x int8, the VNNI instruction's form
     g = fold_constants(g)
     if not channels_last:
         return g

@@ -677,6 +677,14 @@ def _matmul(imp: _Importer, node, args, kwargs):
     return imp.emit("reshape", [imp.emit("matmul", [a2, b2])], shape=imp.out_type().shape)
 
 
+@_handles("aten._int_mm")
+def _int_mm(imp: _Importer, node, args, kwargs):
+    """int8 x int8 -> int32 (`torch._int_mm`): the integer matmul, exact in int32."""
+    from ansor.graph import quantized_ops  # noqa: F401  (registers matmul_integer)
+
+    return imp.emit("matmul_integer", [args[0], args[1]])
+
+
 @_handles("aten.addmm")
 def _addmm(imp: _Importer, node, args, kwargs):
     bias, a, b = args[0], args[1], args[2]
