@@ -12,11 +12,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import ansor  # noqa: E402
-from ansor.graph.model_tasks import extract_tasks  # noqa: E402
-from ansor.graph.reference import run_graph  # noqa: E402
-from ansor.measure.run import load_array, save_array  # noqa: E402
-from ansor.torch_arrays import numpy_to_tensor, tensor_to_numpy  # noqa: E402
+import ansor
+from ansor.graph.model_tasks import extract_tasks
+from ansor.graph.reference import run_graph
+from ansor.measure.run import load_array, save_array
+from ansor.torch_arrays import numpy_to_tensor, tensor_to_numpy
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 

@@ -8,14 +8,16 @@ import numpy as np
 import pytest
 
 import ansor
-from ansor.graph import passes
-from ansor.graph import quantized_ops  # noqa: F401  (registers matmul_integer)
+from ansor.backend.registry import generate_source
+from ansor.graph import (
+    passes,
+    quantized_ops,  # noqa: F401  (registers matmul_integer)
+)
 from ansor.graph.int8_offset import offset_signed_int8_matmuls
 from ansor.graph.ir import Graph
 from ansor.graph.model_tasks import extract_tasks
 from ansor.graph.reference import run_graph
 from ansor.kernel import compile_state
-from ansor.backend.registry import generate_source
 from ansor.search.sketch_policy import SketchPolicy
 from ansor.target import Target
 

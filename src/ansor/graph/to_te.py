@@ -21,7 +21,13 @@ from typing import Callable, Sequence, Union
 import numpy as np
 
 from ansor import te
-from ansor.graph.half_precision import NO_WIDENED_FORM, compute_type, rounded, widen_value, widened
+from ansor.graph.half_precision import (
+    NO_WIDENED_FORM,
+    compute_type,
+    rounded,
+    widen_value,
+    widened,
+)
 from ansor.graph.ir import Node
 from ansor.graph.ops import TensorType, channel_dim, spatial_dims
 from ansor.graph.partition import SCALAR_ELEMENTS, Subgraph, canonical_names
