@@ -279,3 +279,30 @@ def test_unsupported_quantized_forms_are_refused_by_name():
                    microsoft=True)
     with pytest.raises(UnsupportedOperatorError, match="domain 'com.microsoft'"):
         from_onnx(model)
+
+
+@pytest.mark.parametrize("x_type", [TensorProto.UINT8, TensorProto.INT8])
+def test_qdq_residual_add_and_max_pool_stay_integer_and_match(x_type):
+    """A residual connection (DequantizeLinear of both operands, Add, QuantizeLinear) becomes
+    QLinearAdd and a MaxPool between a DequantizeLinear and a QuantizeLinear of one scale runs
+    on the 8-bit values: the tensors between layers stay 8-bit, as in onnxruntime."""
+    rng = np.random.default_rng(6)
+    np_x = helper.tensor_dtype_to_np_dtype(x_type)
+    zero = 130 if x_type == TensorProto.UINT8 else -4
+    init = {"as": np.array(0.02, np.float32), "az": np.array(zero, np_x), "bs": np.array(0.03, np.float32),
+            "bz": np.array(zero - 9, np_x), "ys": np.array(0.05, np.float32), "yz": np.array(zero + 2, np_x)}
+    nodes = [helper.make_node("DequantizeLinear", ["a", "as", "az"], ["af"]),
+             helper.make_node("DequantizeLinear", ["b", "bs", "bz"], ["bf"]),
+             helper.make_node("Add", ["af", "bf"], ["s"]),
+             helper.make_node("QuantizeLinear", ["s", "ys", "yz"], ["sq"]),
+             helper.make_node("DequantizeLinear", ["sq", "ys", "yz"], ["sf"]),
+             helper.make_node("MaxPool", ["sf"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("QuantizeLinear", ["p", "ys", "yz"], ["y"])]
+    spec = [helper.make_tensor_value_info(n, x_type, [1, 8, 9, 9]) for n in ("a", "b")]
+    model = _model(nodes, spec, [helper.make_tensor_value_info("y", x_type, [1, 8, 5, 5])], init)
+    report = fuse_qdq(onnx.shape_inference.infer_shapes(model))
+    assert sorted(n.op_type for n in report.model.graph.node) == ["MaxPool", "QLinearAdd"], report.rejected
+    info = np.iinfo(np_x)
+    feeds = {n: rng.integers(info.min, info.max, (1, 8, 9, 9), dtype=np_x, endpoint=True) for n in ("a", "b")}
+    got, expected = _run_both(model, feeds)
+    print(f"add + max pool {np.dtype(np_x)}: {_assert_requantized_equal(got, expected)} of {got.size} differ by one")

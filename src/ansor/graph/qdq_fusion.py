@@ -12,8 +12,11 @@ rewrites, on the ONNX model before import,
   point: quantizing is monotone, so Q(relu(y)) = max(Q(y), zero point)), which the importer turns
   into one integer task, 8-bit in and 8-bit out, with the requantization as its epilogue
   (`onnx_quantized.py`);
-* DequantizeLinear -> Flatten | Reshape | Transpose | Squeeze | Unsqueeze -> QuantizeLinear
-  with one scale and zero point into the data movement on the 8-bit values,
+* DequantizeLinear -> Flatten | Reshape | Transpose | Squeeze | Unsqueeze | MaxPool ->
+  QuantizeLinear with one scale and zero point into the same operator on the 8-bit values (a
+  maximum commutes with a monotone quantization);
+* DequantizeLinear(a), DequantizeLinear(b) -> Add -> QuantizeLinear (a residual connection)
+  into onnxruntime's QLinearAdd, which the importer computes as MLAS does,
 
 so activations stay 8-bit between layers, as in onnxruntime. The integer layer computes what
 onnxruntime computes, not exactly what the float form computes (the two round differently at
@@ -33,7 +36,7 @@ import numpy as np
 #: the share of a region's output elements that may differ (by one step: rounding ties)
 MAX_DIFFERING_SHARE = 0.01
 
-_DATA_MOVEMENT = frozenset({"Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze"})
+_DATA_MOVEMENT = frozenset({"Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "MaxPool"})
 _LINEAR = frozenset({"Conv", "MatMul", "Gemm"})
 
 
@@ -52,7 +55,7 @@ class _Region:
     old_nodes: list[Any]        # the nodes the rewrite replaces (DQs only where this region reads them alone)
     new_nodes: list[Any]
     new_initializers: list[Any]
-    input_name: str             # the quantized activation the region reads
+    input_names: list[str]      # the quantized activations the region reads
     original: list[Any]         # the region as written, every DequantizeLinear included (for the check)
 
 
@@ -79,6 +82,8 @@ def fuse_qdq(model: Any, seed: int = 0) -> QdqFusionReport:
             region = _linear_region(node, constants, producer, readers, outputs)
         elif node.op_type in _DATA_MOVEMENT:
             region = _movement_region(node, constants, producer, readers, outputs)
+        elif node.op_type == "Add":
+            region = _add_region(node, constants, producer, readers, outputs)
         if region is None:
             continue
         verdict = _check(model, region, seed)
@@ -223,7 +228,7 @@ def _linear_region(node: Any, constants: dict[str, np.ndarray], producer: dict[s
         old.append(x_dq)
     dequantized = [x_dq, w_dq] + ([bias_q] if bias_q is not None else [])
     dequantized += [producer[i] for i in node.input if i in producer and producer[i].op_type == "Identity"]
-    return _Region(node, old, new_nodes, new_inits, x_dq.input[0], dequantized + [node] + ([relu] if relu is not None else []) + [after])
+    return _Region(node, old, new_nodes, new_inits, [x_dq.input[0]], dequantized + [node] + ([relu] if relu is not None else []) + [after])
 
 
 def _movement_region(node: Any, constants: dict[str, np.ndarray], producer: dict[str, Any],
@@ -248,7 +253,34 @@ def _movement_region(node: Any, constants: dict[str, np.ndarray], producer: dict
     old = [node, after]
     if _only_reader(x_dq.output[0], readers, outputs) is node:
         old.append(x_dq)
-    return _Region(node, old, [moved], [], x_dq.input[0], [x_dq, node, after])
+    return _Region(node, old, [moved], [], [x_dq.input[0]], [x_dq, node, after])
+
+
+def _add_region(node: Any, constants: dict[str, np.ndarray], producer: dict[str, Any],
+                readers: dict[str, list[Any]], outputs: set[str]) -> _Region | None:
+    """DequantizeLinear(a), DequantizeLinear(b) -> Add -> QuantizeLinear, every scale and zero
+    point a per-tensor constant, as QLinearAdd."""
+    from onnx import helper
+
+    if len(node.input) != 2:
+        return None
+    dqs = [_dequantize_of(i, producer, constants) for i in node.input]
+    after = _only_reader(node.output[0], readers, outputs)
+    if any(dq is None or dq.input[0] in constants or len(dq.input) < 3 for dq in dqs) or after is None \
+            or after.op_type != "QuantizeLinear" or len(after.input) < 3 or any(a.name != "axis" for a in after.attribute):
+        return None
+    scalars = [*(i for dq in dqs for i in dq.input[1:3]), *after.input[1:3]]
+    if not all(i in constants and constants[i].size == 1 for i in scalars):
+        return None
+    if len({str(constants[i].dtype) for i in (dqs[0].input[2], dqs[1].input[2], after.input[2])}) != 1:
+        return None
+    (a, b), result = dqs, after.output[0]
+    fused = helper.make_node("QLinearAdd", [*a.input[:3], *b.input[:3], *after.input[1:3]], [result],
+                             name=f"{node.name or 'Add'}_fused", domain="com.microsoft")
+    if dqs[0] is dqs[1]:
+        return None  # x + x: one DequantizeLinear read twice
+    old = [node, after] + [dq for dq in dqs if _only_reader(dq.output[0], readers, outputs) is node]
+    return _Region(node, old, [fused], [], [a.input[0], b.input[0]], [*dqs, node, after])
 
 
 # ----------------------------------------------------------------------------- the check
@@ -263,29 +295,32 @@ def _check(model: Any, region: _Region, seed: int) -> str:
 
     known = {t.name: t for t in model.graph.initializer}
     typed = {vi.name: vi for vi in (*model.graph.value_info, *model.graph.input, *model.graph.output)}
-    source = typed.get(region.input_name)
-    if source is None or not source.type.tensor_type.HasField("shape"):
-        return f"the type of {region.input_name!r} is unknown"
-    dims = [d.dim_value for d in source.type.tensor_type.shape.dim]
-    if not dims or any(d <= 0 for d in dims):
-        return f"{region.input_name!r} has no static shape"
-    elem = source.type.tensor_type.elem_type
-    dtype = helper.tensor_dtype_to_np_dtype(elem)
-    info = np.iinfo(dtype)
-    x = np.random.default_rng(seed).integers(info.min, info.max, dims, dtype=dtype, endpoint=True)
+    rng = np.random.default_rng(seed)
+    specs, xs = [], []
+    for name in region.input_names:
+        source = typed.get(name)
+        if source is None or not source.type.tensor_type.HasField("shape"):
+            return f"the type of {name!r} is unknown"
+        dims = [d.dim_value for d in source.type.tensor_type.shape.dim]
+        if not dims or any(d <= 0 for d in dims):
+            return f"{name!r} has no static shape"
+        elem = source.type.tensor_type.elem_type
+        dtype = helper.tensor_dtype_to_np_dtype(elem)
+        info = np.iinfo(dtype)
+        specs.append(helper.make_tensor_value_info(name, elem, dims))
+        xs.append(rng.integers(info.min, info.max, dims, dtype=dtype, endpoint=True))
     result = region.new_nodes[-1].output[0]
     results = []
     for nodes, extra in ((region.original, []), (region.new_nodes, region.new_initializers)):
         names = {i for n in nodes for i in n.input if i}
         inits = [known[i] for i in names if i in known] + list(extra)
-        g = helper.make_graph(nodes, "region", [helper.make_tensor_value_info(region.input_name, elem, dims)],
-                              [helper.make_tensor_value_info(result, 0, None)], inits)
+        g = helper.make_graph(nodes, "region", specs, [helper.make_tensor_value_info(result, 0, None)], inits)
         m = helper.make_model(g, opset_imports=list(model.opset_import) +
                               ([] if any(o.domain == "com.microsoft" for o in model.opset_import)
                                else [helper.make_opsetid("com.microsoft", 1)]))
         try:
             imported = _OnnxImporter(m, {}).run()
-            results.append(run_graph(imported, [x])[0])
+            results.append(run_graph(imported, xs)[0])
         except Exception as exc:  # a form the importer refuses: the region stays as written
             return f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
     before, after = (r.astype(np.int64) for r in results)

@@ -310,7 +310,8 @@ def _pool_pads(x, a) -> tuple[tuple[int, int], tuple[int, int]]:
 def _max_pool2d(xs, a):
     x = xs[0]
     pads = _pool_pads(x, a)
-    xp = np.pad(x, ((0, 0), (0, 0)) + pads, constant_values=-np.inf)
+    lowest = np.iinfo(x.dtype).min if np.issubdtype(x.dtype, np.integer) else -np.inf  # never wins
+    xp = np.pad(x, ((0, 0), (0, 0)) + pads, constant_values=lowest)
     win = _windows(xp, a["kernel"], a["stride"], a["dilation"], a["out_hw"])
     return win.max(axis=(4, 5))
 
