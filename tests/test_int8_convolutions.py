@@ -93,13 +93,15 @@ def test_nhwc_int8_convolution_is_bit_exact_with_and_without_vpdpbusd(target, sh
         np.testing.assert_array_equal(compile_state(task, state)(x, w), want)
 
 
-def test_int8_convolution_programs_compile_for_a_vnni_target_on_any_x86_cpu():
+@pytest.mark.parametrize("target,intrinsic", [(VNNI_512, "_mm512_dpbusd_epi32"),
+                                              (Target.cpu("avx2", 2, ("avx_vnni",)), "_mm256_dpbusd_avx_epi32")])
+def test_int8_convolution_programs_compile_for_a_vnni_target_on_any_x86_cpu(target, intrinsic):
     """Compiled (never run) with the target's flags: the rule and the printer are checked on
-    CPUs without the instruction too."""
-    task = _conv_task(VNNI_512, (1, 10, 10, 32), (3, 3), 32, (1, 1), (1, 1, 1, 1), 3)
-    sources = [source for _, source in _sampled(task) if "_mm512_dpbusd_epi32" in source][:2]
+    CPUs without the instruction too (AVX-VNNI: 256-bit vectors of 8 lanes)."""
+    task = _conv_task(target, (1, 10, 10, 32), (3, 3), 32, (1, 1), (1, 1, 1, 1), 3)
+    sources = [source for _, source in _sampled(task) if intrinsic in source][:2]
     assert sources
-    for result in cpu_builder(VNNI_512).build(sources):
+    for result in cpu_builder(target).build(sources):
         assert result.error_no == 0, result.error_msg
 
 
