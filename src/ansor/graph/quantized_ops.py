@@ -11,6 +11,10 @@ The input's zero point is not subtracted inside the reduction: `conv2d_integer` 
 `pad_value` (the input's zero point, ONNX's padding of a quantized tensor), so that
 conv(x - zx, w) = conv2d_integer(x, w) - zx * sum(w) at every output position, and that last
 term is a per-channel constant the importer folds into the bias.
+
+`conv2d_integer` has an NCHW form (as imported) and an NHWC one (`layout="NHWC"`, HWIO
+weight, made by the layout pass): there the input channels are the innermost reduction axis,
+contiguous in both operands, which is the depth of an int8 dot-product instruction.
 """
 
 from __future__ import annotations
