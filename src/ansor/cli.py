@@ -214,12 +214,14 @@ def build_parser() -> argparse.ArgumentParser:
                                     "eager, torch.compile and onnxruntime (models) in one process: median times, "
                                     "spreads, GFLOP/s and ansor's speedup. A baseline that is not installed is "
                                     "skipped with a note.")
-    cp.add_argument("what", metavar="WORKLOAD|MODEL.onnx",
-                    help="a workload name (see `ansor workloads`) or an .onnx model file")
+    cp.add_argument("what", metavar="WORKLOAD|MODEL.onnx|MODEL.py",
+                    help="a workload name (see `ansor workloads`), an .onnx model file, or with --dtype "
+                         "bfloat16 a PyTorch model (a Python file or module, as run-model takes)")
     cp.add_argument("--shape", type=_shape,
                     help="the workload's dimensions, e.g. 1024,1024,1024 (default: the workload's default shape)")
-    cp.add_argument("--dtype", default="float32", choices=["float32", "float64"],
-                    help="element type of a workload (default float32)")
+    cp.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"],
+                    help="element type of a workload (default float32); bfloat16: a PyTorch model run in "
+                         "bf16 beside PyTorch eager in bf16 and float32")
     for opt in WORKLOAD_OPTIONS:
         cp.add_argument(f"--{opt}", type=int, default=None,
                         help=f"{opt} of the workloads that take it (default: the workload's own)")
@@ -767,7 +769,9 @@ def cmd_compare(args) -> int:
 
     db_path = args.database or str(ansor.default_database_path())
     skip = set(args.skip)
-    if args.what.endswith(".onnx"):
+    if args.dtype == "bfloat16":
+        result = _compare_bf16(args, db_path, skip)
+    elif args.what.endswith(".onnx"):
         given = [f"--{k}" for k in ("shape", *WORKLOAD_OPTIONS) if getattr(args, k) is not None]
         if given:
             raise ValueError(f"{', '.join(given)} describe a named workload; a model's shapes are in its file")
@@ -784,6 +788,16 @@ def cmd_compare(args) -> int:
         result.save_chart(args.output)
         console.print(f"bar chart saved to {args.output}")
     return 0
+
+
+def _compare_bf16(args, db_path: str, skip: set):
+    """`ansor compare MODEL --dtype bfloat16`: the PyTorch model named by MODEL in bf16."""
+    from ansor.compare import compare_bf16_model, torch_model_and_inputs
+
+    if args.what.endswith(".onnx"):
+        raise ValueError("--dtype bfloat16 takes a PyTorch model (a Python file or module), not an .onnx file")
+    module, inputs = torch_model_and_inputs(args.what)
+    return compare_bf16_model(module, inputs, database=db_path, rounds=args.rounds, skip=skip, name=args.what)
 
 
 def cmd_show(args) -> int:

@@ -35,6 +35,7 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 import numpy as np
 
 from ansor.baselines import time_in_turns, torch_available
+from ansor.torch_arrays import tensor_to_numpy
 
 #: Seconds of quiet before each turn when onnxruntime is compared.
 ORT_PAUSE_S = 0.5
@@ -393,10 +394,19 @@ def load_model(path: str | os.PathLike[str]) -> Any:
 
 
 def load_torch_model(spec: str) -> Any:
-    """The graph of a PyTorch model named by `spec`: a Python file (`model.py`) or an importable
-    module (`pkg.models`), optionally `:NAME`. NAME (default `model`) is a callable returning
-    `(module, example_inputs)`, or an `nn.Module` beside `example_inputs` in the same file;
-    the module is imported with `from_torch` in eval mode."""
+    """The graph of a PyTorch model named by `spec` (see `torch_model_and_inputs`), imported
+    with `from_torch` in eval mode."""
+    from ansor.graph import from_torch
+
+    module, inputs = torch_model_and_inputs(spec)
+    return from_torch(module.eval(), inputs)
+
+
+def torch_model_and_inputs(spec: str) -> tuple[Any, tuple]:
+    """The PyTorch module and example inputs named by `spec`: a Python file (`model.py`) or an
+    importable module (`pkg.models`), optionally `:NAME`. NAME (default `model`) is a callable
+    returning `(module, example_inputs)`, or an `nn.Module` beside `example_inputs` in the same
+    file."""
     import importlib
     import importlib.util
 
@@ -434,10 +444,7 @@ def load_torch_model(spec: str) -> Any:
         raise ValueError(f"{spec}: {name or 'model'!r} is neither an nn.Module nor a function")
     if not isinstance(module, torch.nn.Module) or inputs is None:
         raise ValueError(f"{spec}: needs an nn.Module and example_inputs (a tensor or a tuple of them)")
-    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
-    from ansor.graph import from_torch
-
-    return from_torch(module.eval(), inputs)
+    return module, inputs if isinstance(inputs, tuple) else (inputs,)
 
 
 def onnx_errors() -> tuple[type[BaseException], ...]:
@@ -561,6 +568,73 @@ def compare_compiled(path: str, graph: Any, compiled: Any, rounds: int = 7, skip
                          also_check=also_check)
 
 
+#: a bfloat16 model may differ from PyTorch's bf16 output by this share of its RMS: a few bf16
+#: roundings (2^-8 each) taken the other way, carried through the layers
+BF16_MODEL_TOLERANCE = 2.0 ** -5
+
+
+def bf16_model_check(outputs: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> str | None:
+    """`model_check` at `BF16_MODEL_TOLERANCE`: a bf16 model against PyTorch's bf16 outputs."""
+    for k, (got, want) in enumerate(zip(outputs, expected)):
+        wide, got64 = np.asarray(want).astype(np.float64), np.asarray(got).astype(np.float64)
+        if got64.shape != wide.shape:
+            return f"output {k} has shape {got64.shape}, expected {wide.shape}"
+        rms = float(np.sqrt(np.mean(np.square(wide)))) or 1.0
+        err = float(np.max(np.abs(got64 - wide))) / rms if wide.size else 0.0
+        if not err <= BF16_MODEL_TOLERANCE:
+            return f"output {k}: max error {err:.2e} of PyTorch's RMS (tolerance {BF16_MODEL_TOLERANCE:g})"
+    return None if len(outputs) == len(expected) else f"got {len(outputs)} outputs, expected {len(expected)}"
+
+
+def compare_bf16_model(module: Any, example_inputs: Sequence[Any], database: Any = None, rounds: int = 7,
+                       skip: Collection[str] = (), name: str = "model") -> Comparison:
+    """A PyTorch model run in bfloat16 (`module.to(torch.bfloat16)`, float inputs likewise):
+    ansor's compiled model (the records of `database`, untuned default schedules elsewhere)
+    checked against PyTorch eager in bf16 (`bf16_model_check`), then timed in turns beside it
+    and beside PyTorch eager in float32. The title names the machine's dot-product
+    instructions (vdpbf16ps is what ansor's bf16 matmuls use where the CPU has AVX512-BF16)."""
+    import copy
+
+    import torch
+
+    import ansor
+    from ansor.graph import from_torch
+    from ansor.store import open_store
+
+    _check_skip(skip)
+    target = ansor.Target.host()
+    as_bf16 = [x.to(torch.bfloat16) if x.is_floating_point() else x for x in example_inputs]
+    inputs32 = [x.float() if x.is_floating_point() else x for x in example_inputs]
+    model32 = copy.deepcopy(module).eval().float()  # .float() and .to() convert in place: copies
+    model16 = copy.deepcopy(module).eval().to(torch.bfloat16)
+    notes = {"PyTorch eager float32": f"{torch.get_num_threads()} threads, the model before .to(torch.bfloat16)"}
+    baselines: dict[str, Callable[[], Any] | None] = {}
+    if "torch" not in skip:
+        baselines["PyTorch eager float32"] = _no_grad(model32, inputs32)
+    graph = from_torch(model16, tuple(as_bf16))
+    store, owned = open_store(database)
+    try:
+        compiled = ansor.build(graph, database=store, verbose=False)
+    finally:
+        if owned:
+            store.close()
+    with torch.no_grad():
+        reference = _outputs(model16(*as_bf16))
+    baselines["PyTorch eager bf16"] = _no_grad(model16, as_bf16)
+    notes["PyTorch eager bf16"] = f"{torch.get_num_threads()} threads (oneDNN's bf16 kernels)"
+    tuned = sum(1 for k in compiled.kernels.values() if k.record is not None)
+    notes["ansor bf16"] = (f"{tuned} of {len(compiled.kernels)} kernels tuned, "
+                           f"{len(compiled.tasks.fallbacks)} subgraphs on numpy")
+    arrays = [tensor_to_numpy(x) for x in as_bf16]
+    instructions = ", ".join(target.dot_products) or "no dot-product instructions"
+    flop = sum(t.flop * w for t, w in zip(compiled.tasks.tasks, compiled.tasks.weights))
+    # the float32 model's output is a different computation: compared loosely, not as a reference
+    return compare_calls(f"{name} in bfloat16 on {target.key} ({instructions})", flop,
+                         lambda: compiled(*arrays), reference, baselines, notes, (), rounds, min_repeat_s=0.2,
+                         ansor_name="ansor bf16", check=bf16_model_check,
+                         reference_name="PyTorch eager in bf16")
+
+
 def model_inputs(graph: Any, seed: int = 0) -> list[np.ndarray]:
     """Random inputs of a model graph, one per graph input, reproducible from `seed`."""
     rng = np.random.default_rng(seed)
@@ -600,7 +674,7 @@ def _outputs(value: Any) -> list[np.ndarray]:
     out = []
     for x in items:
         if hasattr(x, "detach"):
-            x = x.detach().cpu().numpy()
+            x = tensor_to_numpy(x)
         out.append(np.asarray(x))
     return out
 
