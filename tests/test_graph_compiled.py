@@ -418,6 +418,22 @@ def test_a_budget_smaller_than_a_round_per_task_still_covers_every_task(tmp_path
     assert all(r.trials >= 1 and r.best_cost < float("inf") for r in results)
 
 
+def test_a_time_budget_without_trials_measures_as_many_as_the_time_allows(tmp_path):
+    """`tune(graph, time_budget=...)` is bounded by the time alone (not by the 1000 trials a
+    graph's job defaults to); `tune_model(trials=None)` without a budget is refused."""
+    from ansor.graph.model_tuning import UNLIMITED_TRIALS, tune_model
+
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU()).eval()
+    graph = ansor.graph.from_torch(model, (torch.randn(2, 16),))
+    db = str(tmp_path / "budget.db")
+    results = ansor.tune(graph, database=db, seed=0, progress=False, time_budget=4.0)
+    assert 0 < sum(r.trials for r in results) < UNLIMITED_TRIALS
+    assert all(r.best_cost < float("inf") for r in results)
+    with ansor.Database(db) as store, pytest.raises(ValueError, match="trials, a time_budget"):
+        tune_model(graph, store, trials=None)
+
+
 def test_cli_tunes_a_pytorch_model_given_as_a_python_file(tmp_path):
     """`ansor tune-model model.py[:NAME]`: the file's function returns (module, inputs); the
     records it leaves build the same model in Python, equal to PyTorch."""

@@ -156,6 +156,21 @@ def test_time_budget_stops_the_search(tmp_path):
         ansor.tune(task, trials=1, database=str(tmp_path / "t.db"), time_budget=0)
 
 
+def test_a_time_budget_keeps_room_for_the_confirmation():
+    """The search stops early enough for each measured task's leaders to be measured again
+    within the budget: k programs at the task's mean time per program so far."""
+    from types import SimpleNamespace
+
+    from ansor.tuning.job import confirmation_seconds
+
+    def tuner(trials: int, seconds: float):
+        return SimpleNamespace(result=SimpleNamespace(trials=trials, measure_seconds=seconds))
+
+    tuners = [tuner(10, 5.0), tuner(4, 1.0), tuner(0, 0.0)]
+    assert confirmation_seconds(tuners, 4) == pytest.approx(4 * 0.5 + 4 * 0.25)
+    assert confirmation_seconds(tuners, 0) == 0.0
+
+
 def test_errors_are_explained_in_words():
     text = error_summary(Counter({MeasureErrorNo.RUN_TIMEOUT: 1, MeasureErrorNo.COMPILE_HOST: 2}), timeout=10)
     assert text == "2 programs failed to compile, 1 program timed out (10 s)"

@@ -45,7 +45,8 @@ def tune(what: Any, trials: int | None = None, *, database: RecordStore | str | 
         what: A `Task`, a list of Tasks, a model graph (`ansor.graph.Graph`), or a dynamic
             graph (`graph.dynamic.DynamicGraph`: the tasks of all its buckets together).
         trials: Programs to measure in this job (for a graph: in all, the records its tasks
-            already hold counted against them); default 200 for tasks, 1000 for a graph.
+            already hold counted against them); default 200 for tasks, 1000 for a graph (a
+            graph given a `time_budget` and no trials: as many as the time allows).
         database: A record store, a path, or None for the default database.
         options: A `TuneOptions` to start from; the keywords below replace its fields.
         progress: Whether to show a progress display (a live line per task on a terminal,
@@ -71,7 +72,8 @@ def tune(what: Any, trials: int | None = None, *, database: RecordStore | str | 
             if options is not None:
                 keywords = {**_changed_fields(options), **keywords}
             given = keywords.pop("trials", None)  # from options=, where it is a field like the others
-            graph_trials = trials if trials is not None else given if given is not None else 1000
+            graph_trials = trials if trials is not None else given if given is not None else (
+                None if keywords.get("time_budget") is not None else 1000)  # None: as many as the time allows
             if progress:
                 hooks.append(TuneProgress(timeout=keywords.get("timeout")))
             notify = (lambda line: print(f"ansor: {line}", file=sys.stderr)) if progress else None

@@ -165,9 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
                                   "or module, FILE.py[:NAME] or pkg.mod[:NAME], whose NAME (default model) is a "
                                   "function returning (module, example_inputs) or an nn.Module beside "
                                   "example_inputs")
-    tm.add_argument("--trials", type=_at_least(0), default=1000,
+    tm.add_argument("--trials", type=_at_least(0), default=None,
                     help="programs this run measures across the model's tasks, never one the database "
-                         "already holds (default 1000)")
+                         "already holds (default 1000; with --time-budget alone, as many as the time allows)")
     tm.add_argument("--time-budget", type=_seconds, default=None, metavar="SECONDS",
                     help="stop searching after this many seconds (default: no limit)")
     tm.add_argument("--scheduler", default="gradient", choices=["gradient", "round-robin"],
@@ -686,7 +686,7 @@ def cmd_tune_model(args) -> int:
     import ansor
     from ansor.compare import load_model
     from ansor.graph.model_tasks import extract_tasks
-    from ansor.graph.model_tuning import estimated_latency, spent_trials, tune_model
+    from ansor.graph.model_tuning import estimated_latency, resume_message, spent_trials, tune_model
     from ansor.interrupts import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, terminate_as_interrupt
     from ansor.measure import check_compiler
     from ansor.report import TuneProgress, console, format_seconds
@@ -694,19 +694,20 @@ def cmd_tune_model(args) -> int:
 
     target = ansor.Target.host(isa=args.isa, num_cores=args.cores)
     model = extract_tasks(load_model(args.model), target, winograd=not args.no_winograd)
-    if args.trials:
+    if args.trials is None and args.time_budget is None:
+        args.trials = 1000
+    if args.trials != 0:
         check_compiler()
     db_path = args.database or str(ansor.default_database_path())
     console.print(f"[bold]ansor[/] tuning [cyan]{args.model}[/]: {len(model.pieces)} subgraphs, "
                   f"{len(model.tasks)} distinct tasks, {len(model.fallbacks)} on numpy fallback; "
                   f"scheduler {args.scheduler}; on {target.key}; records: {db_path}")
-    progress = [] if args.quiet else [TuneProgress(total=args.trials, timeout=args.timeout)]
+    progress = [] if args.quiet else [TuneProgress(total=args.trials or 0, timeout=args.timeout)]
     try:
         with terminate_as_interrupt(), open_store(db_path)[0] as store:
             before = spent_trials(model, store)
             if before:
-                print(f"ansor: resuming: the database holds {before} records of this model's {len(model.tasks)} "
-                      f"tasks (never measured again); this run measures {args.trials} more", file=sys.stderr)
+                print(f"ansor: resuming: {resume_message(model, before, args.trials)}", file=sys.stderr)
             results = tune_model(model, store, args.trials, scheduler=args.scheduler, seed=args.seed,
                                  timeout=args.timeout, time_budget=args.time_budget, callbacks=progress,
                                  cluster=args.cluster)

@@ -27,12 +27,16 @@ from ansor.tuning.options import TuneOptions
 from ansor.tuning.quick import MODEL_QUICK_LAP, quick_search_tasks, tasks_without_records
 from ansor.tuning.task_tuner import TuneResult
 
+#: Trials a job plans its rounds for when only a time budget bounds it (`trials=None`).
+PLANNED_TRIALS = 1000
+#: What `trials=None` stands for: no limit but the time budget.
+UNLIMITED_TRIALS = 10**9
 #: fewest programs per round for a model's task: small rounds keep the scheduler responsive, but
 #: below this the search's batch is too small for the cost model to rank well
 MIN_MEASURES_PER_ROUND = 16
 
 
-def tune_model(graph: Graph | ModelTasks, store: RecordStore, trials: int = 1000, target: Target | None = None,
+def tune_model(graph: Graph | ModelTasks, store: RecordStore, trials: int | None = 1000, target: Target | None = None,
                count_existing: bool = False, winograd: bool = True, callbacks: Sequence[TuningCallback] = (),
                notify: Callable[[str], None] | None = None, **options: Any) -> list[TuneResult]:
     """Tune the distinct tasks of `graph` with `trials` measurements in all (records already in
@@ -45,21 +49,30 @@ def tune_model(graph: Graph | ModelTasks, store: RecordStore, trials: int = 1000
     task's default schedule and the cost model's picks, MODEL_QUICK_LAP programs each, fewer
     when `trials` is smaller than that lap) before the scheduler spends the rest where it
     pays: a small budget covers the whole model, and no task is left on its default schedule
-    while another gets a second round."""
+    while another gets a second round. `trials=None` with a `time_budget`: as many as the
+    time allows."""
     model = graph if isinstance(graph, ModelTasks) else extract_tasks(graph, target, winograd=winograd)
     if not model.tasks:
         raise ValueError("tune_model: the model has no subgraph with a compiled form to tune")
-    if trials < 0:
+    if trials is None:
+        if options.get("time_budget") is None:
+            raise ValueError("tune_model: give trials, a time_budget, or both")
+        trials, count_existing, planned = None, False, PLANNED_TRIALS
+    elif trials < 0:
         raise ValueError(f"tune_model: trials must be >= 0, got {trials}")
+    else:
+        planned = trials
     spent = spent_trials(model, store)
     if notify is not None and spent:
         notify(resume_message(model, spent, trials, count_existing))
     if not count_existing:
         spent = 0
+    if trials is None:
+        trials = UNLIMITED_TRIALS
     options.setdefault("scheduler", "gradient")
     options.setdefault("timing", model.measured_as_in_model())
     options.setdefault("measures_per_round", max(
-        MIN_MEASURES_PER_ROUND, min(TuneOptions.measures_per_round, trials // len(model.tasks))))
+        MIN_MEASURES_PER_ROUND, min(TuneOptions.measures_per_round, planned // len(model.tasks))))
     left = max(0, trials - spent)
     started = time.time()
     missing = tasks_without_records(model.tasks, store) if left else []
@@ -85,9 +98,11 @@ def spent_trials(model: ModelTasks, db: RecordStore) -> int:
     return sum(db.count(t.workload_key, t.target.key) for t in model.tasks)
 
 
-def resume_message(model: ModelTasks, spent: int, trials: int, count_existing: bool = False) -> str:
-    """What a resumed job says before it starts."""
+def resume_message(model: ModelTasks, spent: int, trials: int | None, count_existing: bool = False) -> str:
+    """What a resumed job says before it starts (`trials` None: bounded by its time budget)."""
     held = f"the database holds {spent} records of this model's {len(model.tasks)} tasks (never measured again)"
+    if trials is None:
+        return f"{held}; this run measures as many more as its time budget allows"
     if count_existing:
         return f"{held}; {max(0, trials - spent)} of {trials} trials left"
     return f"{held}; this run measures {trials} more"

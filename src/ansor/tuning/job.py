@@ -128,7 +128,8 @@ def tune(tasks: Task | Sequence[Task], options: TuneOptions | None = None,
         tuners = _make_tuners(task_list, db, opts, callbacks, sources, cluster)
         if opts.first_programs:
             tuners[0].add_candidates(opts.first_programs)
-        _run(tuners, make_scheduler(opts.scheduler, opts.seed), opts.trials, opts.measures_per_round, deadline)
+        _run(tuners, make_scheduler(opts.scheduler, opts.seed), opts.trials, opts.measures_per_round, deadline,
+             opts.confirm_best)
         for tuner in tuners:
             if tuner.result.trials and opts.confirm_best > 0:
                 _confirm_best(tuner, db, opts.confirm_best)
@@ -189,22 +190,37 @@ def _make_tuners(tasks: Sequence[Task], db: RecordStore, opts: TuneOptions,
 
 
 def _run(tuners: Sequence[TaskTuner], scheduler: TaskScheduler, trials: int, per_round: int,
-         deadline: float | None) -> None:
+         deadline: float | None, confirm_best: int = 0) -> None:
     """Rounds until `trials` programs are measured, the time is up or every space is exhausted.
-    A task with records from earlier jobs counts their rounds (it needs no warm-up again)."""
+    A task with records from earlier jobs counts their rounds (it needs no warm-up again). With
+    a deadline, the search stops early enough for the confirmation of `confirm_best` leaders per
+    task to end by it too (`confirmation_seconds`): a time budget is the job's whole time."""
     for tuner in tuners:
         tuner.count_earlier_rounds(math.ceil(tuner.result.prior_records / per_round))
     measured = 0
-    while measured < trials and (deadline is None or time.time() < deadline):
+
+    def search_deadline() -> float | None:
+        return None if deadline is None else deadline - confirmation_seconds(tuners, confirm_best)
+
+    while measured < trials and (deadline is None or time.time() < search_deadline()):
         index = scheduler.next_task(tuners)
         if index is None:
             break
         size = min(per_round, trials - measured)
         if trials <= SMALL_JOB:
             size = min(size, _ramped_round(tuners[index]))
-        batch = tuners[index].round(size, deadline)
+        batch = tuners[index].round(size, search_deadline())
         measured += len(batch)
         scheduler.on_round_end(index, tuners)
+
+
+def confirmation_seconds(tuners: Sequence[TaskTuner], k: int) -> float:
+    """The time the confirmation of `k` leaders per task is expected to take: each task's
+    mean compile-and-measure time per program of this job so far, times k (tasks not yet
+    measured count nothing: they are confirmed only if they get a round)."""
+    if k <= 0:
+        return 0.0
+    return sum(k * t.result.measure_seconds / t.result.trials for t in tuners if t.result.trials)
 
 
 def _ramped_round(tuner: TaskTuner) -> int:

@@ -30,8 +30,8 @@ class TuneOptions:
     Attributes:
         trials: Programs to measure in this job, across all tasks. Programs the database already
             holds are never measured again.
-        time_budget: Seconds after which the search stops (the leaders' confirmation runs
-            after it); None for no limit.
+        time_budget: Seconds the job may take: the search stops early enough for the
+            leaders' confirmation to end in time too; None for no limit.
         target: When given, the target of every task is set to it.
         timeout: Seconds a kernel may run before it counts as hung (an error record).
         seed: Random seed of the search; None gives a different search each run.
