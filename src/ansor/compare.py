@@ -531,6 +531,7 @@ def compare_compiled(path: str, graph: Any, compiled: Any, rounds: int = 7, skip
     onnxruntime's on the same file (WrongResultError when it disagrees with either), then timed
     in turns beside the baselines not in `skip`. `note` starts ansor's row note."""
     import ansor
+    from ansor.graph.quantized_outputs import one_step_check, one_step_summary, quantized_output_steps
     from ansor.graph.reference import run_graph
 
     _check_skip(skip)
@@ -562,10 +563,20 @@ def compare_compiled(path: str, graph: Any, compiled: Any, rounds: int = 7, skip
         skipped.append("PyTorch: an .onnx file holds no PyTorch module (in Python: compare_model(path, "
                        "module=...))")
     flop = sum(t.flop * w for t, w in zip(compiled.tasks.tasks, compiled.tasks.weights))
-    return compare_calls(f"{os.path.basename(path)} on {ansor.Target.host().key}", flop,
-                         lambda: compiled(*inputs), reference, baselines, notes, skipped, rounds,
-                         min_repeat_s=0.2, check=model_check, reference_name="the numpy reference executor",
-                         also_check=also_check)
+    # a quantized model's outputs may differ by one quantization step (rounding ties), no more
+    steps = quantized_output_steps(path) if path.endswith(".onnx") and os.path.isfile(path) else None
+    result = compare_calls(f"{os.path.basename(path)} on {ansor.Target.host().key}", flop,
+                           lambda: compiled(*inputs), reference, baselines, notes, skipped, rounds,
+                           min_repeat_s=0.2,
+                           check=model_check if steps is None else one_step_check(steps, model_check),
+                           reference_name="the numpy reference executor", also_check=also_check)
+    if steps is not None:
+        got = _outputs(compiled(*inputs))
+        against = {"onnxruntime": also_check["onnxruntime"]} if "onnxruntime" in also_check else {
+            "the numpy reference executor": reference}
+        result.checked += "".join(f"; against {name}, {one_step_summary(got, want, steps)}"
+                                  for name, want in against.items())
+    return result
 
 
 #: a bfloat16 model may differ from PyTorch's bf16 output by this share of its RMS: a few bf16
