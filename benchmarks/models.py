@@ -147,44 +147,66 @@ def onnxruntime_session(module, inputs):
     return lambda: session.run(None, feed)
 
 
-def bench(name: str, args) -> dict:
-    import torch
-
+def tune_and_build(label: str, graph, args, log_curve: bool = False):
+    """The graph's tasks tuned with `--trials-per-task` trials each into `--database` (a rerun
+    resumes), then built with its records (the quick build for tasks without any): (tasks, the
+    compiled model, build seconds, the tuning curve or None)."""
     import ansor
-    from ansor.baselines import paired_ratio, time_in_turns
     from ansor.graph.model_tasks import extract_tasks
     from ansor.graph.model_tuning import tune_model
     from ansor.report import TuneProgress
     from ansor.store import open_store
     from ansor.tuning.callbacks import RoundCallback
+    from ansor.tuning.quick import model_quick_seconds
 
-    module, inputs = make_model(name)
-    module = module.eval()
-    graph = ansor.graph.from_torch(module, inputs)
     tasks = extract_tasks(graph, winograd=not args.no_winograd)
-    print(f"== {name}: {len(tasks.pieces)} subgraphs, {len(tasks.tasks)} distinct tasks, "
+    print(f"== {label}: {len(tasks.pieces)} subgraphs, {len(tasks.tasks)} distinct tasks, "
           f"{len(tasks.fallbacks)} on numpy fallback", flush=True)
     curve = None
     if args.trials_per_task > 0:
-        curve = CurveLogger({id(t): w for t, w in zip(tasks.tasks, tasks.weights)})
+        curve = CurveLogger({id(t): w for t, w in zip(tasks.tasks, tasks.weights)}) if log_curve else None
         trials = args.trials_per_task * len(tasks.tasks)
         start = time.time()
-        callbacks = [RoundCallback(curve)] + ([] if args.quiet else [TuneProgress()])
+        callbacks = ([RoundCallback(curve)] if curve else []) + ([] if args.quiet else [TuneProgress()])
         per_round = {} if args.per_round is None else {"measures_per_round": args.per_round}
         with open_store(args.database)[0] as store:
             tune_model(tasks, store, trials, scheduler=args.scheduler, seed=args.seed,
                        time_budget=args.time_budget, callbacks=callbacks, **per_round)
-        print(f"tuned {name} in {time.time() - start:.0f} s", flush=True)
+        print(f"tuned {label} in {time.time() - start:.0f} s", flush=True)
     start = time.time()
     compiled = ansor.build(graph, database=args.database, winograd=not args.no_winograd,
                            quick_seconds=args.quick_seconds)
     build_seconds = time.time() - start
     print(compiled.summary(), flush=True)
-    from ansor.tuning.quick import model_quick_seconds
-
     limit = args.quick_seconds if args.quick_seconds is not None else model_quick_seconds()
-    print(f"built in {build_seconds:.0f} s (tasks without records chose programs for up to {limit:g} s)",
+    print(f"built {label} in {build_seconds:.0f} s (tasks without records chose programs for up to {limit:g} s)",
           flush=True)
+    return tasks, compiled, build_seconds, curve
+
+
+def print_turns(turns: dict, base: str) -> dict:
+    """Each side's median, spread, ratio and paired ratio to `base` (above 1: `base` faster);
+    the figures of a JSON row."""
+    from ansor.baselines import paired_ratio
+
+    for impl, t in turns.items():
+        print(f"  {impl:22s} {t.median * 1e3:9.2f} ms  spread {t.spread:4.0%}  ratio "
+              f"{t.median / turns[base].median:5.2f}  paired {paired_ratio(t, turns[base]):5.2f}")
+    return {"timings_ms": {k: t.median * 1e3 for k, t in turns.items()},
+            "paired_ratios": {k: paired_ratio(t, turns[base]) for k, t in turns.items()},
+            "spreads": {k: t.spread for k, t in turns.items()}}
+
+
+def bench(name: str, args) -> dict:
+    import torch
+
+    import ansor
+    from ansor.baselines import time_in_turns
+
+    module, inputs = make_model(name)
+    module = module.eval()
+    graph = ansor.graph.from_torch(module, inputs)
+    tasks, compiled, build_seconds, curve = tune_and_build(name, graph, args, log_curve=True)
     x = [t.numpy() for t in inputs]
     with torch.no_grad():
         want = module(*inputs).numpy()
@@ -211,17 +233,13 @@ def bench(name: str, args) -> dict:
     if ort is not None:
         fns["onnxruntime"] = ort
     turns = time_in_turns(fns, args.rounds, min_repeat_s=0.3, pause_s=0.5)
-    timings = {name: (t.median, t.spread) for name, t in turns.items()}
-    base = timings["ansor"][0]
     print(f"{name}: ansor max error {err:.1e} of the output RMS; timed in turns, {args.rounds} rounds "
           f"(ratio = other / ansor, above 1: ansor faster; paired: the median of each round's ratio)")
-    for impl, (median, spread) in timings.items():
-        print(f"  {impl:15s} {median * 1e3:9.2f} ms  spread {spread:4.0%}  ratio {median / base:5.2f}"
-              f"  paired {paired_ratio(turns[impl], turns['ansor']):5.2f}")
+    figures = print_turns(turns, "ansor")
     steps = compiled.profile(*x)
     kernels_ms = sum(seconds for _, _, seconds in steps) * 1e3
     print(f"  the steps called one by one from Python (medians): {kernels_ms:.2f} ms; a whole call (one "
-          f"foreign call for all kernels, copies in and out) differs by {timings['ansor'][0] * 1e3 - kernels_ms:+.3f} ms")
+          f"foreign call for all kernels, copies in and out) differs by {turns['ansor'].median * 1e3 - kernels_ms:+.3f} ms")
     if args.profile:
         print("  per subgraph (median of 20 calls):")
         for label, kind, seconds in steps:
@@ -229,9 +247,7 @@ def bench(name: str, args) -> dict:
         if ort is not None:
             per_layer_table(steps, [step_signature(s) for s in compiled.steps],
                             onnxruntime_profile(export_onnx(module, inputs), inputs))
-    row = {"model": name, "error": err, "timings_ms": {k: v[0] * 1e3 for k, v in timings.items()},
-           "paired_ratios": {k: paired_ratio(t, turns["ansor"]) for k, t in turns.items()},
-           "spreads": {k: v[1] for k, v in timings.items()}, "tasks": len(tasks.tasks), "steps_ms": kernels_ms,
+    row = {"model": name, "error": err, **figures, "tasks": len(tasks.tasks), "steps_ms": kernels_ms,
            "tuned": sum(1 for k in compiled.kernels.values() if k.record is not None),
            "build_seconds": build_seconds, "quick_seconds": args.quick_seconds}
     if curve is not None:
@@ -301,7 +317,7 @@ def time_to_quality(name: str, args) -> list[dict]:
             database = os.path.join(folder, "tuned.db")
             start = time.time()
             with open_store(database)[0] as store:
-                results = tune_model(model, store, 10**6, time_budget=(m - done) * 60.0, seed=args.seed)
+                results = tune_model(model, store, None, time_budget=(m - done) * 60.0, seed=args.seed)
             done = m
             row = timed_point(name, graph, module, inputs, database, args, 0.0)
             row["tuning_seconds"] = time.time() - start
