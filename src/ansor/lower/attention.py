@@ -3,7 +3,8 @@ computed online over tiles of keys, written from the template stage's knobs.
 
 `te.attention` declares what attention computes; this module writes how, as ordinary loop IR
 (so the C printer, the lowering passes and the cost model's features see a program like any
-other). One parallel loop runs over batch x heads x query tiles of QT queries. The queries of
+other). One parallel loop runs over batch x heads x query tiles of QT queries (a serial one
+for an attention of few multiply-adds, `MIN_PARALLEL_MACS`). The queries of
 a tile are the vector lanes of everything but the weighted sum: the tile's queries are copied
 once, transposed and pre-scaled, to `q_t [D, QT]`, and for each tile of KT keys
 
@@ -69,6 +70,12 @@ DEFAULT_KNOBS = AttentionKnobs(query_tile=48, key_tile=48, key_rows=8, query_row
 #: Query tiles shorter than this fill too few vector lanes for the queries-as-lanes scores: their
 #: scores are dot products along the head dimension instead (decoding: one query).
 FEW_QUERIES = 8
+
+#: Multiply-adds (scores and weighted sum, every key) below which the tasks run on the calling
+#: thread: such an attention (decoding: one query row) takes microseconds on one core, less than
+#: waking another thread costs on an idle machine, and far less than the scheduler slice that a
+#: parallel loop waits for its threads on a busy one.
+MIN_PARALLEL_MACS = 1 << 22
 
 #: The longest query and key tiles written: their buffers live on the stack of each thread,
 #: so a mutated knob beyond the annotation's menus is clipped rather than overflowing it.
@@ -224,7 +231,8 @@ class _Writer:
         body = ir.seq([init, *tiles, self.write_out()])
         for buf in (self.acc, self.l, self.m, self.q_t):
             body = ir.Allocate(buf, body)
-        return ir.For(task, self.batch * self.heads * self.n_q, "parallel", body)
+        macs = self.batch * self.heads * self.lq * self.lk * (self.d + self.dv)
+        return ir.For(task, self.batch * self.heads * self.n_q, "parallel" if macs >= MIN_PARALLEL_MACS else "serial", body)
 
     def query_row(self, qi: E.Expr) -> E.Expr:
         """The query row of tile position `qi`; past the last query (a ragged last tile) row 0,

@@ -12,6 +12,7 @@ import random
 from ansor.schedule.state import ScheduleError, State
 from ansor.search.annotate import divisors, sample_factors
 from ansor.search.annotate_gpu import bind_threads, gpu_hardware
+from ansor.search.matvec import matvec_program
 from ansor.search.policy import SearchPolicy
 from ansor.task import Task
 
@@ -126,17 +127,23 @@ DEFAULT_GPU_THREADS = 64  # a block of the untuned GPU program: two warps, fits 
 
 
 def default_schedule(task: Task) -> State:
-    """The untuned program used when no record exists: inline, parallel outer loops (on a GPU:
-    each root stage's spatial loops fused and cut into blocks of 64 threads)."""
+    """The untuned program used when no record exists: inline, parallel outer loops, a
+    matrix-vector product's rows as vectors (on a GPU: each root stage's spatial loops fused
+    and cut into blocks of 64 threads)."""
     s = State(task.dag)
     inline_elementwise(s)
     target = task.target
     if target.is_gpu:
         bind_threads(s, random.Random(0), gpu_hardware(target), threads=DEFAULT_GPU_THREADS)
         return s
-    for sid, st in enumerate(s.stages):
+    for name in [st.name for st in s.stages]:
+        sid = next(i for i, st in enumerate(s.stages) if st.name == name)
+        st = s.stages[sid]
         if st.is_placeholder or st.attach != "root":
             continue
-        if st.iters and st.iters[0].kind == "spatial" and st.iters[0].extent > 1:
+        program = matvec_program(s, sid, target.vector_unit_bytes, target.num_cores)
+        if program is not None:  # rows against one vector: rows read as vectors (`search.matvec`)
+            s = program
+        elif st.iters and st.iters[0].kind == "spatial" and st.iters[0].extent > 1:
             s.parallel(sid, 0)
     return s
