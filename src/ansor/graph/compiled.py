@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -73,9 +73,20 @@ class IndexCheck:
     negative: bool
     ids: Callable[[], np.ndarray]
     needs: frozenset[str]
+    buffer: np.ndarray | None = field(default=None, compare=False)  # the buffer holding the ids, if any
 
     def __call__(self) -> None:
-        check_indices(self.node, self.position, self.ids(), self.size, self.negative)
+        ids = self.ids()
+        if ids.size == 1:  # one id (a decoding step's token or position): no array reductions
+            value = ids.item()
+            if (-self.size if self.negative else 0) <= value < self.size:
+                return
+        check_indices(self.node, self.position, ids, self.size, self.negative)
+
+    def same_scan(self, other: "IndexCheck") -> bool:
+        """Whether `other` scans the same buffer under the same bounds (one scan does for both)."""
+        return (self.buffer is not None and self.buffer is other.buffer and self.size == other.size
+                and self.negative == other.negative)
 
 
 @dataclass(frozen=True)
@@ -181,6 +192,7 @@ class CompiledModel:
         # the whole model as one foreign call, where every step is a compiled CPU kernel and
         # no ids computed by the model need scanning between them
         self._run_all = self._segments[0][1] if len(self._segments) == 1 else None
+        self._has_fallbacks = bool(tasks.fallbacks)
 
     # ----------------------------------------------------------------------- construction
 
@@ -222,7 +234,7 @@ class CompiledModel:
             return IndexCheck(node, position, size, negative, lambda: array, frozenset())
         if value in sub.inputs:
             buffer = self._values[value]
-            return IndexCheck(node, position, size, negative, lambda: buffer, frozenset({self._root(value)}))
+            return IndexCheck(node, position, size, negative, lambda: buffer, frozenset({self._root(value)}), buffer)
         part = _producing_graph(sub, value)
         buffers = [self._values[n] for n in part.inputs]
         return IndexCheck(node, position, size, negative, lambda: run_graph(part, buffers)[0],
@@ -249,7 +261,7 @@ class CompiledModel:
                 segments.append(([], []))
             segments[-1][0].extend(late)
             segments[-1][1].append(step.run)
-        return [(checks, _as_one_call(runs), runs) for checks, runs in segments]
+        return [(_distinct_scans(checks), _as_one_call(runs), runs) for checks, runs in segments]
 
     # ----------------------------------------------------------------------- calling
 
@@ -284,7 +296,7 @@ class CompiledModel:
         for name, array in zip(names, arrays):
             np.copyto(self._values[name], array)
         # numpy steps hold the BLAS to one thread: no BLAS workers left spinning on the kernels' cores
-        with single_threaded_blas() if self.tasks.fallbacks else nullcontext():
+        with single_threaded_blas() if self._has_fallbacks else nullcontext():
             for checks, one_call, runs in self._segments:
                 for check in checks:
                     check()
@@ -450,6 +462,16 @@ def _as_one_call(runs: Sequence[Callable[[], None]]) -> Callable[[], None] | Non
         return KernelSequence([(run.address, run.pointers) for run in runs])
     except (ValueError, RuntimeError):  # a call with very many arguments, or no C compiler
         return None
+
+
+def _distinct_scans(checks: Sequence[IndexCheck]) -> list[IndexCheck]:
+    """The checks less those that scan a buffer an earlier one scans under the same bounds (a
+    decoding step's position, read by every cache write): each is scanned once a call."""
+    kept: list[IndexCheck] = []
+    for check in checks:
+        if not any(k.same_scan(check) for k in kept):
+            kept.append(check)
+    return kept
 
 
 def _fallback_call(graph: Graph, ins: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> Callable[[], None]:
