@@ -93,6 +93,116 @@ def test_a_position_outside_the_cache_raises_before_any_write(decoder):
         decoder(np.array([[1]], dtype=np.int64), np.array([MAX_LENGTH], dtype=np.int64))
 
 
+def test_a_token_id_outside_the_vocabulary_raises(decoder):
+    with pytest.raises(IndexError, match="embedding"):
+        decoder(np.array([[256]], dtype=np.int64), np.array([0], dtype=np.int64))
+
+
+def test_the_position_is_scanned_once_per_call(decoder):
+    """Four cache writes read the one position under the same bound: one scan serves them."""
+    checks = [c for checks, _, _ in decoder._segments for c in checks]
+    assert [c.node.op for c in checks].count("cache_write") == 1
+    assert sorted(c.node.op for c in checks) == ["cache_write", "embedding", "embedding"]
+
+
+def test_decode_step_kernels_run_on_the_calling_thread(decoder):
+    """Each kernel of a decoding step takes microseconds: none opens a parallel region (waking
+    a second thread costs more, and on a busy machine a scheduler slice), and every projection
+    reads its weight rows as vectors (the matrix-vector program)."""
+    kernels = [s.kernel for s in decoder.steps if s.kind == "kernel"]
+    assert not [k.task.label for k in kernels if "omp parallel" in k.source]
+    linears = [k for k in kernels if k.task.label.startswith("linear")]
+    assert len(linears) >= 9  # four a layer at least (the projections of q, k and v may be merged) and the LM head
+    assert all(any(st.origin == "rfactor" for st in k.state.stages) for k in linears)
+
+
+def test_a_large_attention_keeps_its_parallel_loop():
+    import ansor
+    from ansor import te
+    from ansor.kernel import build
+    from ansor.lower.attention import MIN_PARALLEL_MACS
+    from ansor.te.attention import attention
+
+    def source(heads: int, length: int) -> str:
+        q, k, v = (te.placeholder((1, heads, length, 64), "float32", name=n) for n in "qkv")
+        return build(ansor.Task([q, k, v, attention(q, k, v)])).source  # no records: the default program
+
+    assert 1 * 8 * 128 * 128 * 128 >= MIN_PARALLEL_MACS
+    assert "omp parallel" in source(8, 128)
+    assert "omp parallel" not in source(2, 16)
+
+
+def _matvec_task(rows: int, depth: int, transposed: bool = False, isa: str | None = None):
+    import ansor
+    from ansor import te
+
+    x = te.placeholder((1, 1, depth), "float32", name="x")
+    w = te.placeholder((depth, rows) if transposed else (rows, depth), "float32", name="w", constant=True)
+    b = te.placeholder((rows,), "float32", name="b", constant=True)
+    k = te.reduce_axis(depth, name="k")
+    y = te.compute((1, 1, rows), lambda i, j, n: te.sum(x[i, j, k] * (w[k, n] if transposed else w[n, k]), axis=k),
+                   name="y")
+    z = te.compute((1, 1, rows), lambda i, j, n: y[i, j, n] + b[n], name="z")
+    target = ansor.Target.host(isa=isa) if isa else ansor.Target.host()
+    return ansor.Task([x, w, b, z], target=target)
+
+
+@pytest.mark.parametrize("rows, depth, isa", [(36, 48, None), (200, 64, "avx2"), (7, 32, None)])
+def test_matrix_vector_default_program_reads_rows_as_vectors(rows, depth, isa):
+    from ansor.kernel import build
+    from ansor.search.basic import default_schedule
+
+    task = _matvec_task(rows, depth, isa=isa)
+    state = default_schedule(task)
+    assert [st.origin for st in state.stages].count("rfactor") == 1
+    assert not any(it.annotation == "parallel" for st in state.stages for it in st.iters)
+    kernel = build(task, state=state)
+    if task.target.isa == "avx512":  # the accumulators of a row block in vector registers
+        assert "register tile" in kernel.source
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((1, 1, depth)).astype(np.float32)
+    w = rng.standard_normal((rows, depth)).astype(np.float32)
+    b = rng.standard_normal(rows).astype(np.float32)
+    np.testing.assert_allclose(kernel(x, w, b).reshape(-1), w @ x.reshape(-1) + b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows, depth, transposed", [(36, 40, False), (36, 48, True)])
+def test_other_reductions_keep_the_plain_default_program(rows, depth, transposed):
+    """A reduction not a multiple of the vector lanes, or a matrix read across its rows."""
+    from ansor.kernel import build
+    from ansor.search.basic import default_schedule
+
+    task = _matvec_task(rows, depth, transposed)
+    state = default_schedule(task)
+    assert not any(st.origin == "rfactor" for st in state.stages)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 1, depth)).astype(np.float32)
+    w = rng.standard_normal((depth, rows) if transposed else (rows, depth)).astype(np.float32)
+    b = rng.standard_normal(rows).astype(np.float32)
+    want = (x.reshape(-1) @ w if transposed else w @ x.reshape(-1)) + b
+    np.testing.assert_allclose(build(task, state=state)(x, w, b).reshape(-1), want, rtol=1e-5, atol=1e-5)
+
+
+def test_torch_compile_of_a_loop_passing_past_key_values_is_refused_by_name(gpt2, tmp_path, monkeypatch):
+    """A decode loop traced with dynamic shapes grows its caches by concat: refused in one line
+    that names the way that serves it, never run padded."""
+    import torch
+
+    from ansor.graph.decode import GrowingCacheError
+
+    monkeypatch.setenv("ANSOR_DB", str(tmp_path / "ansor.db"))
+    torch._dynamo.reset()
+    fast = torch.compile(gpt2, backend="ansor", dynamic=True, options={"max_size": 16, "verbose": False})
+    try:
+        with torch.no_grad():
+            past = gpt2(torch.tensor([[1, 2, 3]]), use_cache=True).past_key_values
+            with pytest.raises(GrowingCacheError, match="gpt2_decode_step") as refused:
+                fast(torch.tensor([[4]]), past_key_values=past, use_cache=True)
+    finally:
+        torch._dynamo.reset()
+    assert "\n" not in str(refused.value) and "concat" in str(refused.value)
+
+
 def _small_cache_graph() -> tuple[Graph, str]:
     g = Graph()
     cache = g.add_input("cache", (1, 2, 8, 4), "float32")

@@ -179,7 +179,9 @@ def _compile_dynamic(gm: Any, example_inputs: Sequence[Any], placeholders: Seque
     import torch
 
     from ansor.api import build, tune
+    from ansor.graph.decode import refuse_growing_cache
     from ansor.graph.dynamic import DynamicDim, DynamicGraph
+    from ansor.graph.padding import PaddingError
     from ansor.graph.torch_importer import from_torch
 
     dims = {}
@@ -218,7 +220,10 @@ def _compile_dynamic(gm: Any, example_inputs: Sequence[Any], placeholders: Seque
         if not built:
             if trials > 0:
                 tune(graph, trials=trials, database=database, progress=verbose, winograd=winograd)
-            built.append(build(graph, database=database, verbose=verbose, winograd=winograd))
+            try:
+                built.append(build(graph, database=database, verbose=verbose, winograd=winograd))
+            except PaddingError as err:  # a decode loop's growing cache: refused by name, with the way that serves it
+                raise refuse_growing_cache(err) from None
         return built[0](*activations)
 
     return run

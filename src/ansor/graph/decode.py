@@ -25,6 +25,26 @@ import numpy as np
 
 from ansor.graph.ir import Graph, GraphError
 
+class GrowingCacheError(ValueError):
+    """A graph that appends the new key/value rows to a past it is given (a concat along a
+    dynamic length, as a decode loop passing `past_key_values` to `torch.compile(dynamic=True)`
+    is traced): bucketed dynamic shapes cannot serve it (a past padded to its bucket would put
+    padding among the keys), so it is refused with the way that serves it."""
+
+
+def refuse_growing_cache(error: Exception) -> Exception:
+    """The refusal to raise for `error`, a `PaddingError` of a bucketed build: a
+    GrowingCacheError, one line naming the concat and `gpt2_decode_step`, when the refused node
+    is a concat (a cache grown by appending); else `error` itself."""
+    node = getattr(error, "node", None)
+    if node is None or node.op != "concat":
+        return error
+    return GrowingCacheError(
+        f"ansor: concat %{node.output} appends along a dynamic length (as a key/value cache passed back as "
+        f"past_key_values does), which bucketed dynamic shapes cannot serve; decode with caches written in "
+        f"place instead: ansor.build(ansor.graph.decode.gpt2_decode_step(model, max_length)), greedy_generate")
+
+
 #: The graph inputs of a decode step besides the caches.
 TOKEN_INPUT, POSITION_INPUT = "input_ids", "position"
 

@@ -44,7 +44,9 @@ ELEMENTWISE_OPS = frozenset(UNARY_OPS + BINARY_OPS + COMPARE_OPS + LOGICAL_OPS +
 
 class PaddingError(ValueError):
     """Padding along a dynamic dimension would change a kept element: the graph cannot serve
-    shorter lengths from a padded bucket."""
+    shorter lengths from a padded bucket. `node` is the refused node (None when not one)."""
+
+    node: Node | None = None
 
 
 @dataclass(frozen=True)
@@ -111,8 +113,10 @@ def _none(g: Graph, name: str) -> Roles:
 
 def _refuse(node: Node, why: str) -> PaddingError:
     where = f" ({node.source})" if node.source else ""
-    return PaddingError(f"{node.op} %{node.output}: {why}; padding a shorter length to its bucket would change "
-                        f"the result{where}")
+    error = PaddingError(f"{node.op} %{node.output}: {why}; padding a shorter length to its bucket would change "
+                         f"the result{where}")
+    error.node = node
+    return error
 
 
 def _padded_axes(r: Roles) -> list[int]:
