@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static  # noqa: E402
 
+import ansor  # noqa: E402
 from ansor.compare import WrongResultError, compare_compiled, model_check  # noqa: E402
 from ansor.graph.compiled import build_model  # noqa: E402
 from ansor.graph.onnx_importer import from_onnx  # noqa: E402
@@ -111,6 +112,7 @@ def test_compare_counts_one_step_differences_against_onnxruntime(quantized_cnn):
     result = compare_compiled(quantized_cnn, graph, compiled, rounds=1, skip=("numpy",))
     assert [e.name for e in result.entries] == ["ansor", "onnxruntime"]
     assert "against onnxruntime" in result.checked
+    assert ", ".join(ansor.Target.host().dot_products) in result.title
     assert "of 10 quantized output elements differ by one step" in result.checked
     with pytest.raises(WrongResultError, match="quantization steps"):
         compare_compiled(quantized_cnn, graph, _Answering(compiled, quantized_cnn, 2), rounds=1, skip=("numpy",))

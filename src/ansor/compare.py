@@ -565,7 +565,9 @@ def compare_compiled(path: str, graph: Any, compiled: Any, rounds: int = 7, skip
     flop = sum(t.flop * w for t, w in zip(compiled.tasks.tasks, compiled.tasks.weights))
     # a quantized model's outputs may differ by one quantization step (rounding ties), no more
     steps = quantized_output_steps(path) if path.endswith(".onnx") and os.path.isfile(path) else None
-    result = compare_calls(f"{os.path.basename(path)} on {ansor.Target.host().key}", flop,
+    target = ansor.Target.host()
+    instructions = "" if steps is None else f" ({', '.join(target.dot_products) or 'no dot-product instructions'})"
+    result = compare_calls(f"{os.path.basename(path)} on {target.key}{instructions}", flop,
                            lambda: compiled(*inputs), reference, baselines, notes, skipped, rounds,
                            min_repeat_s=0.2,
                            check=model_check if steps is None else one_step_check(steps, model_check),
