@@ -17,6 +17,22 @@ fresh database (the quick build), then tuned from another fresh database with `t
 time budget in steps, built and timed in turns against onnxruntime and PyTorch eager after 1, 5,
 10 and 20 minutes of tuning in all; each point also gives the tuner's estimate of the model's
 latency (the weighted sum of its kernels' best times) beside the measured one.
+
+Low-precision rows (the title names the machine and the dot-product instructions it has):
+
+    python benchmarks/models.py --models resnet18,bert_layer --dtype bfloat16 --trials-per-task 150
+    python benchmarks/models.py --models resnet18 --int8 [--activations int8] --trials-per-task 150
+
+`--dtype bfloat16` runs each model converted with `.to(torch.bfloat16)` through ansor (tuned and
+built as above) beside PyTorch eager in bf16, and both in float32 (ansor's float32 build from
+the same database); ansor's bf16 output is checked first to be within bf16 roundings
+(`compare.BF16_MODEL_TOLERANCE` of the RMS) of PyTorch's bf16 output. `--int8` exports each model
+to ONNX and quantizes it with `onnxruntime.quantization.quantize_static` (QDQ, per-channel int8
+weights, calibrated on random inputs), then builds that file with ansor beside onnxruntime's
+session on the same file and ansor's float32 build; on `--check-inputs` random inputs every
+output must be within one quantization step of onnxruntime's (the elements one step away,
+rounding ties, are counted) and the top-1 classes are compared. A model the importer cannot
+run quantized is refused by name and the run goes on. The ratios are paired per round.
 """
 
 from __future__ import annotations
@@ -167,7 +183,7 @@ def tune_and_build(label: str, graph, args, log_curve: bool = False):
         curve = CurveLogger({id(t): w for t, w in zip(tasks.tasks, tasks.weights)}) if log_curve else None
         trials = args.trials_per_task * len(tasks.tasks)
         start = time.time()
-        callbacks = ([RoundCallback(curve)] if curve else []) + ([] if args.quiet else [TuneProgress()])
+        callbacks = ([RoundCallback(curve)] if curve is not None else []) + ([] if args.quiet else [TuneProgress()])
         per_round = {} if args.per_round is None else {"measures_per_round": args.per_round}
         with open_store(args.database)[0] as store:
             tune_model(tasks, store, trials, scheduler=args.scheduler, seed=args.seed,
@@ -256,6 +272,161 @@ def bench(name: str, args) -> dict:
         row["trials_per_task"] = args.trials_per_task
         row["per_round"] = args.per_round
     return row
+
+
+def low_precision_title(name: str, kind: str) -> str:
+    """The heading of a low-precision row: the machine and the dot-product instructions ansor's
+    kernels may use on it (none: the widening loops)."""
+    import ansor
+    from common import machine_name
+
+    target = ansor.Target.host()
+    return (f"== {name} {kind} on {machine_name()}; target {target.key}, dot products "
+            f"{', '.join(target.dot_products) or 'none'}")
+
+
+def bench_bf16(name: str, args) -> dict:
+    """The model in bfloat16 (`.to(torch.bfloat16)`): ansor's bf16 build checked against PyTorch
+    eager in bf16 (within bf16 roundings of its RMS) and ansor's float32 build against PyTorch in
+    float32, then the four timed in turns."""
+    import copy
+
+    import torch
+
+    import ansor
+    from ansor.baselines import time_in_turns
+    from ansor.compare import BF16_MODEL_TOLERANCE, bf16_model_check, model_check
+    from ansor.torch_arrays import tensor_to_numpy
+
+    print(low_precision_title(name, "bfloat16"), flush=True)
+    module, inputs = make_model(name)
+    module = module.eval()
+    module16 = copy.deepcopy(module).to(torch.bfloat16)  # .to() converts in place: a copy
+    inputs16 = tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs)
+    _, bf16, build16, _ = tune_and_build(f"{name} bf16", ansor.graph.from_torch(module16, inputs16), args)
+    _, f32, build32, _ = tune_and_build(f"{name} float32", ansor.graph.from_torch(module, inputs), args)
+    x16, x32 = [tensor_to_numpy(t) for t in inputs16], [t.numpy() for t in inputs]
+    with torch.no_grad():
+        want16, want32 = tensor_to_numpy(module16(*inputs16)), module(*inputs).numpy()
+    for label, problem in (("bf16 against PyTorch eager bf16", bf16_model_check([bf16(*x16)], [want16])),
+                           ("float32 against PyTorch eager float32", model_check([f32(*x32)], [want32]))):
+        if problem:
+            raise AssertionError(f"{name}: ansor {label}: {problem}")
+    wide = want16.astype(np.float64)
+    err = float(np.max(np.abs(np.asarray(bf16(*x16), np.float64) - wide)) / (np.sqrt(np.mean(wide ** 2)) or 1.0))
+
+    def eager(model, xs):
+        def call():
+            with torch.no_grad():
+                model(*xs)
+        return call
+
+    fns = {"ansor bf16": lambda: bf16(*x16), "PyTorch eager bf16": eager(module16, inputs16),
+           "ansor float32": lambda: f32(*x32), "PyTorch eager float32": eager(module, inputs)}
+    turns = time_in_turns(fns, args.rounds, min_repeat_s=0.3, pause_s=0.5)
+    print(f"{name} bf16: ansor within {err:.1e} of PyTorch bf16's output RMS (tolerance {BF16_MODEL_TOLERANCE:g}); "
+          f"timed in turns, {args.rounds} rounds (ratio = other / ansor bf16, above 1: ansor bf16 faster)")
+    figures = print_turns(turns, "ansor bf16")
+    return {"model": name, "dtype": "bfloat16", "error": err, **figures, "build_seconds": build16 + build32,
+            "tuned": sum(1 for k in bf16.kernels.values() if k.record is not None),
+            "trials_per_task": args.trials_per_task, "quick_seconds": args.quick_seconds}
+
+
+def quantize_onnx(module, inputs, activations: str, folder: str) -> str:
+    """The model exported to ONNX and quantized by `onnxruntime.quantization.quantize_static`
+    (QDQ, per-channel int8 weights, `activations` uint8 or int8, calibrated on 8 random inputs
+    of the example's shape): the path of the quantized file."""
+    import torch
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    float_path, path = os.path.join(folder, "float.onnx"), os.path.join(folder, f"qdq_{activations}.onnx")
+    names = [f"input{i}" for i in range(len(inputs))]
+    with open(os.devnull, "w") as devnull:
+        stdout, sys.stdout = sys.stdout, devnull
+        try:
+            torch.onnx.export(module, inputs, float_path, input_names=names, opset_version=17, dynamo=False)
+        finally:
+            sys.stdout = stdout
+
+    class RandomInputs(CalibrationDataReader):
+        def __init__(self) -> None:
+            rng = np.random.default_rng(1)
+            self.batches = iter([{n: rng.standard_normal(tuple(x.shape)).astype(np.float32)
+                                  for n, x in zip(names, inputs)} for _ in range(8)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    quantize_static(float_path, path, RandomInputs(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8 if activations == "uint8" else QuantType.QInt8,
+                    weight_type=QuantType.QInt8)
+    return path
+
+
+def bench_int8(name: str, args) -> dict:
+    """The model quantized by onnxruntime (`quantize_onnx`): ansor's build of the quantized file
+    beside onnxruntime's session on the same file and ansor's float32 build of the model; on
+    `--check-inputs` random inputs every output within one quantization step of onnxruntime's
+    (the ones a step away counted) and top-1 compared, then the three timed in turns."""
+    import onnxruntime
+
+    import ansor
+    from ansor.baselines import time_in_turns
+    from ansor.graph.quantized_outputs import one_step_check, quantized_output_steps, step_differences
+    from ansor.graph.torch_importer import UnsupportedOperatorError
+
+    print(low_precision_title(name, f"int8 (QDQ, {args.activations} activations, per-channel int8 weights)"),
+          flush=True)
+    module, inputs = make_model(name)
+    module = module.eval()
+    path = quantize_onnx(module, inputs, args.activations, tempfile.mkdtemp(prefix="ansor-models-int8-"))
+    try:
+        graph8 = ansor.graph.from_onnx(path)
+        _, int8, build8, _ = tune_and_build(f"{name} int8", graph8, args)
+    except UnsupportedOperatorError as exc:
+        print(f"{name} int8: refused: {exc}", flush=True)
+        return {"model": name, "dtype": "int8", "refused": str(exc)}
+    integer = [k for k in int8.kernels.values() if "_integer" in k.task.name]
+    print(f"  integer kernels: {len(integer)}, {sum('dpbusd' in k.source for k in integer)} of them with vpdpbusd",
+          flush=True)
+    _, f32, build32, _ = tune_and_build(f"{name} float32", ansor.graph.from_torch(module, inputs), args)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count() or 1
+    session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    steps = quantized_output_steps(path)
+    check = one_step_check(steps, lambda got, want: None)  # outputs without a step: top-1 alone
+    if steps[0] is None:
+        print(f"{name} int8: the output is no DequantizeLinear's: compared by top-1 alone", flush=True)
+    rng = np.random.default_rng(2)
+    differing = elements = rows = top1_equal = 0
+    for _ in range(args.check_inputs):
+        xs = [rng.standard_normal(tuple(x.shape)).astype(np.float32) for x in inputs]
+        got, want = np.asarray(int8(*xs)), session.run(None, dict(zip(names, xs)))[0]
+        problem = check([got], [want])
+        if problem:
+            raise AssertionError(f"{name}: ansor int8 against onnxruntime int8: {problem}")
+        if steps[0] is not None:
+            found = step_differences(got, want, steps[0])
+            differing, elements = differing + found.differing, elements + found.size
+        rows += math.prod(want.shape[:-1])
+        top1_equal += int(np.count_nonzero(got.argmax(-1) == want.argmax(-1)))
+    print(f"{name} int8: top-1 (argmax of the last axis) equal to onnxruntime's on {top1_equal} of {rows} rows "
+          f"over {args.check_inputs} random inputs; {differing} of {elements} output elements one quantization "
+          f"step away (rounding ties), none further", flush=True)
+    x32 = [t.numpy() for t in inputs]
+    feed = dict(zip(names, x32))
+    fns = {"ansor int8": lambda: int8(*x32), "onnxruntime int8": lambda: session.run(None, feed),
+           "ansor float32": lambda: f32(*x32)}
+    turns = time_in_turns(fns, args.rounds, min_repeat_s=0.3, pause_s=0.5)
+    print(f"{name} int8: timed in turns, {args.rounds} rounds (ratio = other / ansor int8, above 1: ansor int8 faster; "
+          f"onnxruntime with {options.intra_op_num_threads} intra-op threads)")
+    figures = print_turns(turns, "ansor int8")
+    return {"model": name, "dtype": "int8", "activations": args.activations, "top1_equal": top1_equal,
+            "top1_rows": rows, "one_step_differing": differing, "output_elements": elements, **figures,
+            "build_seconds": build8 + build32, "tuned": sum(1 for k in int8.kernels.values() if k.record is not None),
+            "integer_kernels": len(integer), "trials_per_task": args.trials_per_task,
+            "quick_seconds": args.quick_seconds}
 
 
 def timed_point(name: str, graph, module, inputs, database: str, args, quick_seconds: float) -> dict:
@@ -356,12 +527,32 @@ def main() -> None:
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument("--json", help="append each model's row to this JSON-lines file")
     parser.add_argument("--minutes", help="the time-to-quality curve at these minutes of tuning (e.g. 0,1,5,10,20)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="bfloat16: each model in bf16 beside PyTorch eager in bf16 and both in float32")
+    parser.add_argument("--int8", action="store_true",
+                        help="each model quantized by onnxruntime's quantize_static (QDQ) beside onnxruntime's "
+                             "session on the same file and ansor's float32 build")
+    parser.add_argument("--activations", choices=["uint8", "int8"], default="uint8",
+                        help="--int8: the quantized activations' type (default uint8)")
+    parser.add_argument("--check-inputs", type=int, default=10,
+                        help="--int8: random inputs on which outputs and top-1 are compared with onnxruntime")
     args = parser.parse_args()
     unknown = set(args.models.split(",")) - set(MODEL_NAMES)
     if unknown:
         parser.error(f"unknown model(s) {', '.join(sorted(unknown))}; known: {', '.join(MODEL_NAMES)}")
+    if sum([bool(args.minutes), args.dtype != "float32", args.int8]) > 1:
+        parser.error("--minutes, --dtype bfloat16 and --int8 are separate runs: give one of them")
+    if (args.dtype != "float32" or args.int8) and args.profile:
+        parser.error("--profile tables the float32 rows only")
     for name in args.models.split(","):
-        rows = time_to_quality(name, args) if args.minutes else [bench(name, args)]
+        if args.minutes:
+            rows = time_to_quality(name, args)
+        elif args.dtype == "bfloat16":
+            rows = [bench_bf16(name, args)]
+        elif args.int8:
+            rows = [bench_int8(name, args)]
+        else:
+            rows = [bench(name, args)]
         if args.json:
             with open(args.json, "a") as f:
                 for row in rows:
