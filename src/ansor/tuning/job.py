@@ -28,11 +28,13 @@ from ansor.tuning.cluster import ClusterSession
 from ansor.tuning.measurer import ProgramMeasurer
 from ansor.tuning.options import POLICIES, TuneOptions
 from ansor.tuning.scheduler import TaskScheduler, make_scheduler
+from ansor.tuning.siblings import PER_ROUND, SiblingPrograms
 from ansor.tuning.task_tuner import TaskTuner, TuneResult, spread
 from ansor.tuning.transfer import model_path, shared_cost_model, source_target_keys, transferred_programs
 
 __all__ = ["SMALL_JOB", "FIRST_ROUND", "TuneOptions", "TuneResult", "make_policy", "tune"]
 
+SMALL_ROUND = 16               # a round this small measures one sibling program at most
 SMALL_JOB = 32                 # trials: a job this small measures in growing rounds (_ramped_round)
 FIRST_ROUND = 4                # programs in the first of them; larger jobs keep full rounds, whose
                                # one search each costs less than the extra refits gain there
@@ -128,8 +130,9 @@ def tune(tasks: Task | Sequence[Task], options: TuneOptions | None = None,
         tuners = _make_tuners(task_list, db, opts, callbacks, sources, cluster)
         if opts.first_programs:
             tuners[0].add_candidates(opts.first_programs)
+        siblings = SiblingPrograms(tuners) if opts.share_programs and len(tuners) > 1 else None
         _run(tuners, make_scheduler(opts.scheduler, opts.seed), opts.trials, opts.measures_per_round, deadline,
-             opts.confirm_best)
+             opts.confirm_best, siblings)
         for tuner in tuners:
             if tuner.result.trials and opts.confirm_best > 0:
                 _confirm_best(tuner, db, opts.confirm_best)
@@ -190,11 +193,13 @@ def _make_tuners(tasks: Sequence[Task], db: RecordStore, opts: TuneOptions,
 
 
 def _run(tuners: Sequence[TaskTuner], scheduler: TaskScheduler, trials: int, per_round: int,
-         deadline: float | None, confirm_best: int = 0) -> None:
+         deadline: float | None, confirm_best: int = 0, siblings: SiblingPrograms | None = None) -> None:
     """Rounds until `trials` programs are measured, the time is up or every space is exhausted.
     A task with records from earlier jobs counts their rounds (it needs no warm-up again). With
     a deadline, the search stops early enough for the confirmation of `confirm_best` leaders per
-    task to end by it too (`confirmation_seconds`): a time budget is the job's whole time."""
+    task to end by it too (`confirmation_seconds`): a time budget is the job's whole time.
+    `siblings` hands each task its faster same-structure tasks' best programs before its rounds
+    (one in a small round, where the model's picks are few)."""
     for tuner in tuners:
         tuner.count_earlier_rounds(math.ceil(tuner.result.prior_records / per_round))
     measured = 0
@@ -209,6 +214,8 @@ def _run(tuners: Sequence[TaskTuner], scheduler: TaskScheduler, trials: int, per
         size = min(per_round, trials - measured)
         if trials <= SMALL_JOB:
             size = min(size, _ramped_round(tuners[index]))
+        if siblings is not None:
+            siblings.offer(index, PER_ROUND if size >= SMALL_ROUND else 1)
         batch = tuners[index].round(size, search_deadline())
         measured += len(batch)
         scheduler.on_round_end(index, tuners)

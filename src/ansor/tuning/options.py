@@ -60,6 +60,10 @@ class TuneOptions:
             programs, so that what the job finds is never slower than building untuned.
         search_params: The evolutionary search's parameters (`SearchParams`) for the
             "sketch.xgb" and "sketch.random" policies; None for the defaults.
+        share_programs: In a job of several tasks, each task's rounds first measure the best
+            programs of its faster same-structure tasks, fitted to its shapes
+            (`tuning.siblings`): a model's layers repeated at other sizes start from what
+            their siblings found.
         cluster: Where programs are built and timed: None on this machine; a Ray cluster's
             address ("auto", "ray://HOST:PORT" or "HOST:PORT") to measure on its nodes (the
             search stays here; needs `pip install 'ansor[cluster]'`).
@@ -82,6 +86,7 @@ class TuneOptions:
     first_programs: Sequence[State] = field(default_factory=tuple)
     default_first: bool = False
     search_params: SearchParams | None = None
+    share_programs: bool = True
     cluster: str | None = None
 
     def __post_init__(self) -> None:
