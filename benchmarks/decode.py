@@ -10,7 +10,9 @@ decode step exported from the same weights with the past as inputs and the prese
 concatenated with the new row) as outputs, the form transformers' ONNX exports take. The
 tokens of all three are checked equal first; then whole generations are timed in turns
 (several rounds, medians, the paired ratio per round), so a loaded machine weighs on all of
-them alike. Without a database the kernels are untuned default schedules.
+them alike. PyTorch and onnxruntime also run on one thread (rows of their own): a step this
+small gains little from a second core, and on a busy machine their parallel regions wait for
+it. Without a database the kernels are untuned default schedules.
 """
 
 from __future__ import annotations
@@ -82,8 +84,25 @@ class _StepWithPast:
         return Step().eval()
 
 
-def onnx_generate_fn(model, prompt: list[int], tokens: int):
-    """A callable generating with onnxruntime on the exported step (None without onnxruntime)."""
+def one_thread_torch(fn):
+    """`fn` run with PyTorch on one thread (its thread count put back after): on a busy machine a
+    parallel region waits for its second thread, so a small model's step can run faster alone."""
+    import torch
+
+    def run():
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn()
+        finally:
+            torch.set_num_threads(threads)
+
+    return run
+
+
+def onnx_generate_fn(model, prompt: list[int], tokens: int, threads: int | None = None):
+    """A callable generating with onnxruntime on the exported step (None without onnxruntime),
+    with `threads` intra-op threads (None: one per core)."""
     try:
         import onnxruntime as ort
         import torch
@@ -100,7 +119,7 @@ def onnx_generate_fn(model, prompt: list[int], tokens: int):
                       output_names=["logits", *[f"present_{i}" for i in range(4)]],
                       dynamic_axes={n: {2: "past"} for n in names}, opset_version=17)
     options = ort.SessionOptions()
-    options.intra_op_num_threads = os.cpu_count() or 1
+    options.intra_op_num_threads = threads or os.cpu_count() or 1
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
     def generate() -> list[int]:
@@ -147,9 +166,13 @@ def main(argv: list[str] | None = None) -> int:
 
     fns = {"ansor": lambda: greedy_generate(step, prompt, args.tokens),
            "pytorch eager (KV cache)": lambda: torch_generate(model, prompt, args.tokens)}
+    if (os.cpu_count() or 1) > 1:
+        fns["pytorch eager (KV cache), 1 thread"] = one_thread_torch(fns["pytorch eager (KV cache)"])
     onnx = onnx_generate_fn(model, prompt, args.tokens)
     if onnx is not None:
         fns["onnxruntime (past in, present out)"] = onnx
+        if (os.cpu_count() or 1) > 1:
+            fns["onnxruntime, 1 thread"] = onnx_generate_fn(model, prompt, args.tokens, threads=1)
     tokens = {name: fn() for name, fn in fns.items()}
     reference = tokens["pytorch eager (KV cache)"]
     for name, got in tokens.items():
