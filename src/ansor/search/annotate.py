@@ -8,7 +8,7 @@ from dataclasses import replace as _replace
 
 from ansor.schedule.relations import root_axes_of, root_axis_of
 from ansor.schedule.state import ScheduleError, State
-from ansor.schedule.steps import SplitStep
+from ansor.schedule.steps import InterleaveStep, SplitStep
 from ansor.search.params import SearchParams
 from ansor.te import expr as E
 
@@ -377,9 +377,13 @@ def annotate(sketch_steps: list, dag, rng: random.Random, params: SearchParams, 
     """One complete program from a sketch, or None if the sample turned out illegal.
     `vector_lanes` (float32 lanes of the target's vector unit) biases innermost tiles;
     `vector_registers` bounds register tiles."""
+    # a dot-product sketch's accumulator tile becomes instructions only where it fits the
+    # registers (`lower/dot_product.py`); any other tile leaves the widening loop, tens of times
+    # slower, so such sketches always draw a register tile
+    register_prob = 1.0 if any(isinstance(step, InterleaveStep) for step in sketch_steps) else params.register_tile_prob
     try:
         s = fill_tile_sizes(dag, sketch_steps, rng, params.max_innermost_split_factor, vector_lanes,
-                            params.register_tile_prob, register_tile_vectors(params, vector_registers))
+                            register_prob, register_tile_vectors(params, vector_registers))
         if not params.disable_change_compute_location:
             change_compute_locations(s, rng, params.fused_location_prob)
         cores = max(1, num_cores)
