@@ -416,3 +416,95 @@ def test_search_parameters_are_typed_frozen_and_refuse_unknown_names():
     with pytest.raises(KeyError, match="unknown"):
         p.replace(no_such_knob=1)
     assert p.replace(eps_greedy=0.3).eps_greedy == 0.3 and p.eps_greedy == 0.1
+
+
+# ---------------------------------------------------------------------------------------------
+# programs that leave cores idle (search.core_use)
+
+def _permuted_linear_task(num_cores: int = 2):
+    """out[i, n] = sum_k x'[i, k] w[n, k] + b[n] + r[i, n], where x' is x (heads x rows x 64)
+    permuted to rows x heads and flattened: BERT's output projection at a smaller width.
+    The permute is a producer that annotation may compute inside the output's outer loops."""
+    import ansor
+    from ansor import te
+    from ansor.target import Target
+
+    heads, rows, depth, cols = 4, 128, 64, 512
+    width = heads * depth
+    x = te.placeholder((heads, rows, depth), "float32", name="x")
+    w = te.placeholder((cols, width), "float32", name="w", constant=True)
+    b = te.placeholder((cols,), "float32", name="b", constant=True)
+    r = te.placeholder((rows, cols), "float32", name="r")
+    perm = te.compute((rows, heads, depth), lambda i, h, d: x[h, i, d], name="permute")
+    flat = te.compute((rows, width), lambda i, c: perm[i, c // depth, c % depth], name="flat")
+    k = te.reduce_axis(width, name="k")
+    lin = te.compute((rows, cols), lambda i, n: te.sum(flat[i, k] * w[n, k], axis=k), name="linear")
+    out = te.compute((rows, cols), lambda i, n: lin[i, n] + b[n] + r[i, n], name="out")
+    return ansor.Task([x, w, b, r, out], target=Target.cpu("avx512", num_cores=num_cores))
+
+
+def _matmul_state(m: int, rows_outer: int):
+    """A plain matmul whose row loop is split with `rows_outer` outer iterations, parallel."""
+    from ansor import te
+    from ansor.dag import ComputeDAG
+
+    a = te.placeholder((m, 512), "float32", name="A")
+    b = te.placeholder((512, 512), "float32", name="B")
+    k = te.reduce_axis(512, name="k")
+    c = te.compute((m, 512), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    state = State(ComputeDAG([a, b, c]))
+    state.split("C", "i", [m // rows_outer])
+    state.parallel("C", 0)
+    return state
+
+
+def test_idle_cores_names_a_parallel_loop_of_one_iteration_over_shareable_rows():
+    from ansor.search.core_use import idle_cores, outer_iterations, parallel_iterations
+
+    serial = _matmul_state(128, 1)         # 1 x 128 rows: the "parallel" loop runs once
+    shared = _matmul_state(128, 2)
+    assert parallel_iterations(serial, 2) == 1 and outer_iterations(serial, 2) == 128 * 512
+    assert idle_cores(serial, cores=2)
+    assert not idle_cores(shared, cores=2)
+    assert idle_cores(shared, cores=4)     # two parallel iterations, four cores, rows to spare
+    assert not idle_cores(serial, cores=1)
+    assert not idle_cores(_matmul_state(8, 1), cores=2)  # 4 MFLOP: may run serially
+
+
+def test_search_never_offers_a_program_that_leaves_cores_idle():
+    """Annotation draws again, and evolution drops a child, where the program would leave a core
+    idle: tile-size mutations that shrink the loops above the permute's attach point to one
+    iteration are made (with one core they are children) but never offered on two cores."""
+    from ansor.search.core_use import idle_cores
+    from ansor.search.evolution import breed_one
+
+    task = _permuted_linear_task(num_cores=2)
+    policy = SketchPolicy(task, seed=0, params={"search_workers": 1})
+    programs = policy.sample(160)  # about 2 in 100 draws would be idle without the check
+    assert programs and not any(idle_cores(p, 2) for p in programs)
+    dropped = 0
+    for seed in range(400):
+        parent = programs[seed % len(programs)]
+        one_core = breed_one("tile_size", parent, None, random.Random(seed), policy.params, cores=1)
+        two_cores = breed_one("tile_size", parent, None, random.Random(seed), policy.params, cores=2)
+        if one_core is not None and idle_cores(one_core, 2):
+            assert two_cores is None
+            dropped += 1
+        else:
+            assert (two_cores is None) == (one_core is None)
+            assert two_cores is None or two_cores.key() == one_core.key()
+    assert dropped > 0
+
+
+def test_programs_of_a_permuted_linear_match_numpy():
+    task = _permuted_linear_task(num_cores=2)
+    policy = SketchPolicy(task, seed=1, params={"search_workers": 1})
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 128, 64), dtype=np.float32)
+    w = rng.standard_normal((512, 256), dtype=np.float32)
+    b = rng.standard_normal(512, dtype=np.float32)
+    r = rng.standard_normal((128, 512), dtype=np.float32)
+    expected = x.transpose(1, 0, 2).reshape(128, 256) @ w.T + b + r
+    for program in policy.sample(3):
+        kernel = compile_state(task, program)
+        np.testing.assert_allclose(kernel(x, w, b, r), expected, rtol=1e-4, atol=1e-3)

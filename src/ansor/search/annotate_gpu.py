@@ -30,6 +30,7 @@ from ansor.lower.lower import lower
 from ansor.schedule.state import ScheduleError, State
 from ansor.schedule.steps import AnnotateStep, SplitStep
 from ansor.search.annotate import annotate, annotate_unroll, register_level_splits, sample_factors
+from ansor.search.core_use import idle_cores
 from ansor.search.params import SearchParams
 from ansor.search.sketch_gemm import annotate_gemm, is_gemm_sketch
 from ansor.search.template import annotate_template, template_stage_of
@@ -228,4 +229,5 @@ def annotate_program(sketch_steps: list, dag, rng: random.Random, params: Search
         return annotate_gpu(sketch_steps, dag, rng, params, hardware)
     if template_stage_of(dag) is not None:  # a template's knobs, not loop annotations
         return annotate_template(sketch_steps, dag, rng, params, hardware[1], hardware[2])
-    return annotate(sketch_steps, dag, rng, params, *hardware)
+    state = annotate(sketch_steps, dag, rng, params, *hardware)
+    return None if state is not None and idle_cores(state, hardware[0]) else state  # drawn again

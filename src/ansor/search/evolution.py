@@ -18,6 +18,7 @@ from ansor.schedule.state import ScheduleError, State
 from ansor.schedule.steps import (AnnotateStep, ComputeAtStep, ComputeInlineStep, ComputeRootStep, FuseStep,
                                   PragmaStep, SplitStep, Step)
 from ansor.search.annotate import compute_location_candidates, divisors, location_is_free, multi_level_splits
+from ansor.search.core_use import idle_cores
 from ansor.search.params import SearchParams
 
 ScoreFn = Callable[[Sequence[State]], np.ndarray]
@@ -327,11 +328,13 @@ def as_state(program: Program) -> State:
 
 
 def breed_one(op: str, parent: Program, other: Program | None, rng: random.Random,
-              params: SearchParams) -> State | None:
-    """Apply one operation (a mutation rule or "crossover") to its parents."""
-    if op == "crossover":
-        return crossover(parent, other, rng)
-    return MUTATIONS[op](parent, rng, params)
+              params: SearchParams, cores: int = 1) -> State | None:
+    """Apply one operation (a mutation rule or "crossover") to its parents. A child that
+    leaves some of the target's `cores` idle (`core_use.idle_cores`: a tile-size mutation that
+    shrinks the loops above a producer's attach point to one iteration makes the parallel loop
+    serial) counts as an operation that did not apply."""
+    child = crossover(parent, other, rng) if op == "crossover" else MUTATIONS[op](parent, rng, params)
+    return None if child is not None and idle_cores(child, cores) else child
 
 
 def chunk_orders(orders: list) -> list[list]:
@@ -344,12 +347,12 @@ def chunk_seed(seed: int, chunk: int) -> int:
     return seed * 1_000_003 + chunk
 
 
-def breed_locally(orders: list, seed: int, params: SearchParams) -> list[State | None]:
+def breed_locally(orders: list, seed: int, params: SearchParams, cores: int = 1) -> list[State | None]:
     """Children of `orders`, in this process (the reference for the parallel breeder)."""
     out: list[State | None] = []
     for c, chunk in enumerate(chunk_orders(orders)):
         rng = random.Random(chunk_seed(seed, c))
-        out.extend(breed_one(op, p, o, rng, params) for op, p, o in chunk)
+        out.extend(breed_one(op, p, o, rng, params, cores) for op, p, o in chunk)
     return out
 
 

@@ -148,10 +148,11 @@ class SketchPolicy(SearchPolicy):
         from ansor.search.evolution import breed_locally
 
         workers = self.workers()
+        cores = 1 if self.task.target.is_gpu else self.task.target.num_cores
         if workers is None:
-            return breed_locally(orders, seed, self.params)
+            return breed_locally(orders, seed, self.params, cores)
         t0 = time.perf_counter()
-        children = workers.breed(orders, seed, self.params, self._feature_cache)
+        children = workers.breed(orders, seed, self.params, self._feature_cache, cores)
         self._timers["breed"] += time.perf_counter() - t0
         return children
 

@@ -72,14 +72,14 @@ def _packed(state) -> tuple | None:
 def _breed_chunk(args: tuple) -> list[tuple | None]:
     """Children of one chunk of orders: (steps, key, features) or None where the operation
     did not apply."""
-    orders, seed, params = args
+    orders, seed, params, cores = args
     rng = random.Random(seed)
     out: list[tuple | None] = []
     with collector_paused():
         for op, parent_steps, other_steps in orders:
             parent = Genome(_WORKER_DAG, parent_steps, "")
             other = Genome(_WORKER_DAG, other_steps, "") if other_steps is not None else None
-            out.append(_packed(breed_one(op, parent, other, rng, params)))
+            out.append(_packed(breed_one(op, parent, other, rng, params, cores)))
     return out
 
 
@@ -158,15 +158,16 @@ class SearchWorkers:
                 out.append(Genome(self.dag, steps, key))
         return out
 
-    def breed(self, orders: list, seed: int, params: SearchParams, memo: dict) -> list:
+    def breed(self, orders: list, seed: int, params: SearchParams, memo: dict, cores: int = 1) -> list:
         """Children of `orders` as Genomes (None where an operation did not apply); their
-        features go into `memo`, keyed by program key. Same children as `breed_locally`."""
+        features go into `memo`, keyed by program key. Same children as `breed_locally`
+        (`cores`: the CPU target's, whose idle programs are not children)."""
         if not self.worth_parallel(len(orders)):
-            return breed_locally(orders, seed, params)
+            return breed_locally(orders, seed, params, cores)
         jobs = []
         for c, chunk in enumerate(chunk_orders(orders)):
             packed = [(op, tuple(p.steps), tuple(o.steps) if o is not None else None) for op, p, o in chunk]
-            jobs.append((packed, chunk_seed(seed, c), params))
+            jobs.append((packed, chunk_seed(seed, c), params, cores))
         return self._collect(self._ensure_pool().map(_breed_chunk, jobs), memo)
 
     def close(self) -> None:
