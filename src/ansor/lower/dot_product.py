@@ -60,9 +60,13 @@ def operand_roles(added: E.Expr, acc_dtype: str, features: tuple[str, ...],
 
 
 def plan_dot_product_tile(loop: ir.For, buf: ir.Buffer, features: tuple[str, ...], vector_bytes: int,
-                          registers: int, ranges: dict) -> ir.RegisterTile | None:
+                          registers: int, ranges: dict, enclosed: bool = False) -> ir.RegisterTile | None:
     """The dot-product tile of the accumulator nest `loop` into `buf`, or None where the nest
-    does not have the shape (module docstring) or does not fit the registers."""
+    does not have the shape (module docstring) or does not fit the registers. `enclosed`: the
+    nest sits inside loops of its own that index the accumulator (a tile level between the
+    accumulator's allocation and the reduction, the reduction's initialization beside the nest
+    in them), so the tile is the vectors at `base + offsets` in those loops' variables, loaded
+    and stored around the nest each time it runs."""
     nest: list[ir.For] = []
     node: ir.Stmt = loop
     while isinstance(node, ir.For):
@@ -104,7 +108,8 @@ def plan_dot_product_tile(loop: ir.For, buf: ir.Buffer, features: tuple[str, ...
     chunks = vec.extent // lanes
     if count * chunks > MAX_UPDATES:
         return None
-    accumulators = buf.size // lanes if not outer else count * chunks
+    block = bool(outer) or enclosed  # the tile is a block of the accumulator, not all of it
+    accumulators = buf.size // lanes if not block else count * chunks
     if accumulators + chunks + 1 > registers:
         return None
     scope = dict(ranges)
@@ -116,7 +121,7 @@ def plan_dot_product_tile(loop: ir.For, buf: ir.Buffer, features: tuple[str, ...
     if not _operands_fit(simplifier, lhs, rhs, depth_loop.var, vec.var, group, depth, lanes):
         return None
     base = (simplifier.simplify(E.substitute(index, {f.var: E.Const(0, "int32") for f in [*inner, vec]}))
-            if outer else E.Const(0, "int32"))
+            if block else E.Const(0, "int32"))
     base_form = to_linear(base)
     if base_form.const % lanes or any(c % lanes for _, c in base_form.terms.values()):
         return None
@@ -127,11 +132,11 @@ def plan_dot_product_tile(loop: ir.For, buf: ir.Buffer, features: tuple[str, ...
         for c in range(chunks):
             at = to_linear(simplifier.simplify(E.substitute(index, {**binding, vec.var: E.Const(c * lanes, "int32")}))
                            - base)
-            if at.terms or at.const % lanes or not (outer or 0 <= at.const < accumulators * lanes):
+            if at.terms or at.const % lanes or not (block or 0 <= at.const < accumulators * lanes):
                 return None
-            slot = slot_of.setdefault(at.const, len(slot_of)) if outer else at.const // lanes
+            slot = slot_of.setdefault(at.const, len(slot_of)) if block else at.const // lanes
             updates.append((slot, E.substitute(value.b, binding), c * lanes))
-    offsets = tuple(slot_of) if outer else tuple(range(0, accumulators * lanes, lanes))
+    offsets = tuple(slot_of) if block else tuple(range(0, accumulators * lanes, lanes))
     return ir.RegisterTile(buf, loop, lanes, split, tuple(updates), frozenset(), outer, base, offsets, ins)
 
 
@@ -165,18 +170,31 @@ class _DotProductTiles(StmtRewriter):
     def __init__(self, features: tuple[str, ...], vector_bytes: int, vector_registers: int):
         super().__init__()
         self.features, self.vector_bytes, self.vector_registers = features, vector_bytes, vector_registers
+        self.accumulator: ir.Buffer | None = None  # the local buffer whose nests are being looked at
+
+    def loop(self, s: ir.For) -> ir.Stmt:
+        """A nest inside loops of the accumulator's allocation (`plan_dot_product_tile`'s
+        `enclosed`), or the loop with its body looked at."""
+        if self.accumulator is not None:
+            tile = plan_dot_product_tile(s, self.accumulator, self.features, self.vector_bytes,
+                                         self.vector_registers, self.ranges, enclosed=True)
+            if tile is not None:
+                return tile
+        return super().loop(s)
 
     def allocate(self, s: ir.Allocate) -> ir.Stmt:
         if s.buffer.scope != "local":
             return super().allocate(s)
         parts = flat_seq(s.body)
         out = []
+        outside, self.accumulator = self.accumulator, s.buffer
         for part in parts:
             tile = None
             if type(part) is ir.For:
                 tile = plan_dot_product_tile(part, s.buffer, self.features, self.vector_bytes,
                                              self.vector_registers, self.ranges)
             out.append(tile if tile is not None else self.stmt(part))
+        self.accumulator = outside
         if all(a is b for a, b in zip(out, parts)):
             return s
         return ir.Allocate(s.buffer, out[0] if len(out) == 1 else ir.Seq(out))
