@@ -138,9 +138,12 @@ def test_a_kernel_built_through_the_backend_runs_its_register_tile(builder):
         kernel.close()
 
 
-def test_a_restricted_host_target_stands_for_a_smaller_machine(tmp_path):
+def test_a_restricted_host_target_stands_for_a_smaller_machine(tmp_path, monkeypatch):
     """An AVX2, one-core target on this machine: its own records key, code for its ISA only
     and parallel loops on one thread, with the same results."""
+    from ansor.lower import small_parallel
+
+    monkeypatch.setattr(small_parallel, "MIN_PARALLEL_ITERATIONS", 0)  # a kernel this small runs serially otherwise
     host = ansor.Target.host()
     small = ansor.Target.host(isa="avx2" if host.isa != "generic" else "generic", num_cores=1)
     assert small.num_cores == 1 and small.key != host.key

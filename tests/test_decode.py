@@ -132,6 +132,27 @@ def test_a_large_attention_keeps_its_parallel_loop():
     assert "omp parallel" not in source(2, 16)
 
 
+@pytest.mark.parametrize("rows, parallel", [(8192, False), (32768, True)])
+def test_parallel_loops_of_kernels_of_little_work_run_serially(rows, parallel):
+    """A program the search made parallel (the LM head's rows): below MIN_PARALLEL_ITERATIONS
+    its loops run on the calling thread, its result unchanged."""
+    from ansor.kernel import build
+    from ansor.lower.small_parallel import MIN_PARALLEL_ITERATIONS
+    from ansor.schedule.state import State
+
+    task = _matvec_task(rows, 256)
+    state = State(task.dag)
+    state.parallel("z", state.stages[-1].iters[2].name)
+    assert (rows * 256 >= MIN_PARALLEL_ITERATIONS) == parallel
+    kernel = build(task, state=state)
+    assert ("omp parallel" in kernel.source) == parallel
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 1, 256)).astype(np.float32)
+    w = rng.standard_normal((rows, 256)).astype(np.float32)
+    b = rng.standard_normal(rows).astype(np.float32)
+    np.testing.assert_allclose(kernel(x, w, b).reshape(-1), w @ x.reshape(-1) + b, rtol=1e-4, atol=1e-4)
+
+
 def _matvec_task(rows: int, depth: int, transposed: bool = False, isa: str | None = None):
     import ansor
     from ansor import te

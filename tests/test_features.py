@@ -215,7 +215,10 @@ def test_matmul_sketches_count_every_multiply_once(sampled):
         assert with_mul[0, COL["float_addsub"]] >= expected - 1e-4
 
 
-def test_parallel_annotation_appears():
+def test_parallel_annotation_appears(monkeypatch):
+    from ansor.lower import small_parallel
+
+    monkeypatch.setattr(small_parallel, "MIN_PARALLEL_ITERATIONS", 0)  # a kernel this small runs serially otherwise
     task = matmul_task(32, 32, 32)
     plain = ansor.State(task.dag)
     par = ansor.State(task.dag)

@@ -643,7 +643,10 @@ def line_before_loop(source: str, var: str) -> str:
     raise AssertionError(f"no loop over {var}")
 
 
-def test_parallel_loop_gets_an_openmp_pragma(builder):
+def test_parallel_loop_gets_an_openmp_pragma(builder, monkeypatch):
+    from ansor.lower import small_parallel
+
+    monkeypatch.setattr(small_parallel, "MIN_PARALLEL_ITERATIONS", 0)  # a kernel this small runs serially otherwise
     task = gemm_relu_task()
     s = ansor.State(task.dag)
     s.fuse("gemm", ["i", "j"])

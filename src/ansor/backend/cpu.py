@@ -8,6 +8,7 @@ from ansor.codegen.cpu import print_c
 from ansor.lower import ir
 from ansor.lower.dot_product import form_dot_product_tiles
 from ansor.lower.register_tile import form_register_tiles
+from ansor.lower.small_parallel import serial_small_kernels
 from ansor.lower.transposed_store import form_transposed_stores
 from ansor.lower.unswitch import unswitch_bounds_checks
 from ansor.measure import DEFAULT_CFLAGS, Builder, KernelLibrary, Runner
@@ -24,6 +25,10 @@ def cpu_builder(target: Target | None = None, **options) -> Builder:
     AVX-512 machine has no AVX-512 instruction)."""
     flags = DEFAULT_CFLAGS + ((target.compile_flags + target.instruction_flags) if target is not None else ())
     return Builder(cflags=options.pop("cflags", flags), **options)
+
+
+def serial_when_small(func: ir.PrimFunc, caps: Capabilities) -> ir.PrimFunc:
+    return serial_small_kernels(func)
 
 
 def dot_product_tiles(func: ir.PrimFunc, caps: Capabilities) -> ir.PrimFunc:
@@ -46,8 +51,9 @@ CPU = Backend(
     kind="cpu",
     language="c",
     capabilities_of=cpu_capabilities,
-    # tiles first: their nests are vector code already; checks unswitched in the plain nests left
-    passes=(dot_product_tiles, register_tiles, transposed_stores, unswitched_bounds_checks),
+    # small kernels serial first (it counts plain loops); tiles next: their nests are vector code
+    # already; checks unswitched in the plain nests left
+    passes=(serial_when_small, dot_product_tiles, register_tiles, transposed_stores, unswitched_bounds_checks),
     printer=lambda func, caps: print_c(func, caps.threads),
     builder=cpu_builder,
     loader=KernelLibrary,
