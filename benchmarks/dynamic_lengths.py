@@ -222,6 +222,8 @@ def serve_lengths(width: int = 256, heads: int = 4, max_length: int = 512, lengt
                 raise AssertionError(f"length {length}: ansor's output {got.shape} differs from PyTorch's "
                                      f"{want.shape} by {error:.1e} of its RMS")
             bucket = compiled.bucket_for(x)
+            served_by = compiled.models[compiled.buckets.index(bucket)].kernels.values()
+            bucket_tuned = f"{sum(1 for k in served_by if k.record is not None)} of {len(served_by)}"
             fns = {"ansor": lambda x=x: compiled(x)}
 
             def eager(xt=xt):
@@ -237,7 +239,8 @@ def serve_lengths(width: int = 256, heads: int = 4, max_length: int = 512, lengt
                                          f"{ort_error:.1e} of its RMS: the export is not the same block")
                 fns["onnxruntime"] = lambda x=x: session.run(None, {"x": x})
             turns = time_in_turns(fns, rounds=rounds, min_repeat_s=min_repeat_s, pause_s=TURN_PAUSE_S)
-            row = {"length": length, "bucket": bucket.sizes["seq"], "width": width, "heads": heads,
+            row = {"length": length, "bucket": bucket.sizes["seq"], "bucket_kernels_tuned": bucket_tuned,
+                   "width": width, "heads": heads,
                    "max_length": max_length, "error": error, "onnxruntime_error": ort_error,
                    "timings_ms": {k: t.median * 1e3 for k, t in turns.items()},
                    "spreads": {k: t.spread for k, t in turns.items()},
@@ -248,7 +251,8 @@ def serve_lengths(width: int = 256, heads: int = 4, max_length: int = 512, lengt
             result.rows.append(row)
             lo, hi = graph.dims["seq"].served(row["bucket"])
             ort_text = "not run" if ort_error is None else f"{ort_error:.1e}"
-            log(f"length {length}: served by bucket seq = {row['bucket']} (lengths {lo}..{hi}), max error "
+            log(f"length {length}: served by bucket seq = {row['bucket']} (lengths {lo}..{hi}; {bucket_tuned} kernels "
+                f"with records), max error "
                 f"{error:.1e} of the output RMS (onnxruntime's {ort_text}); {rounds} rounds in turns (ratio = "
                 f"other / ansor, above 1: ansor faster; paired: the median of each round's ratio); "
                 f"load {row['load']:.1f}", flush=True)
