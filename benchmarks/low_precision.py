@@ -2,11 +2,21 @@
 beside ansor's float32 GEMM and the fastest int8 / bf16 GEMM of PyTorch and onnxruntime.
 
     python benchmarks/low_precision.py [--size 1024] [--trials 64] [--database low_precision.db]
+    python benchmarks/low_precision.py --model resnet18 [--activations uint8|int8] [--trials 8]
 
 Each GEMM is tuned into the database (resumable), its best kernel built and checked against
 numpy (int8 bit-exact, bf16 within bf16 rounding of the float32-accumulated product), then
 every side is timed in turns (medians of rounds) and the ratios printed. The weights are bound
 once (packed into the instruction's layout), as a model's are.
+
+`--model resnet18` times the quantized ResNet-18 instead: the float model (random weights,
+`ansor.pretrain.models`) quantized by `onnxruntime.quantization.quantize_static` (QDQ,
+per-channel int8 weights, uint8 or int8 activations, calibrated on random images), imported
+by `from_onnx`, tuned with `--trials` per task (0: the quick build alone) and built; beside it
+onnxruntime running the same quantized model, and ansor's and onnxruntime's float32 ResNet-18
+(ansor's tuned with the same trials per task). Top-1 classes of ansor's int8 model are checked
+against onnxruntime's on `--check-inputs` random images; the four are timed in turns, with
+`uptime` before and after (the ratios are paired per round: a loaded phase falls on both).
 """
 
 from __future__ import annotations
@@ -80,13 +90,122 @@ def onnxruntime_side(a8: np.ndarray, b8: np.ndarray) -> dict:
     return {"onnxruntime MatMulInteger u8s8": lambda: session.run(None, {"A": a8})}
 
 
+def _uptime() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return "load average " + " ".join(f.read().split()[:3])
+    except OSError:
+        return "load average unknown"
+
+
+def _quantized_onnx(module, inputs, activations: str, folder: str) -> tuple[str, str]:
+    """(float ONNX path, quantize_static's QDQ model of it)."""
+    import os
+
+    import torch
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    float_path = os.path.join(folder, "float.onnx")
+    torch.onnx.export(module, inputs, float_path, input_names=["x"], output_names=["y"], opset_version=17,
+                      dynamo=False)
+
+    class RandomImages(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter([{"x": np.random.RandomState(i).randn(*inputs[0].shape).astype(np.float32)}
+                                 for i in range(8)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    path = os.path.join(folder, f"qdq_{activations}.onnx")
+    quantize_static(float_path, path, RandomImages(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8 if activations == "uint8" else QuantType.QInt8,
+                    weight_type=QuantType.QInt8)
+    return float_path, path
+
+
+def _tuned_model(graph, trials_per_task: int, database: str, label: str):
+    import time
+
+    from ansor.graph.model_tasks import extract_tasks
+    from ansor.graph.model_tuning import tune_model
+    from ansor.store import open_store
+
+    tasks = extract_tasks(graph)
+    start = time.time()
+    if trials_per_task > 0:
+        with open_store(database)[0] as store:
+            tune_model(tasks, store, trials_per_task * len(tasks.tasks), seed=0)
+    compiled = ansor.build(graph, database=database)
+    print(f"# {label}: {len(tasks.tasks)} tasks, tuned {trials_per_task} trials per task and built in "
+          f"{time.time() - start:.0f} s; {compiled.summary().splitlines()[0]}", flush=True)
+    return tasks, compiled
+
+
+def quantized_model(args) -> None:
+    """The `--model resnet18` comparison (module docstring)."""
+    import os
+    import tempfile
+
+    import onnxruntime as ort
+
+    from ansor.graph.onnx_importer import from_onnx
+    from ansor.pretrain.models import make_model
+
+    target = ansor.Target.host()
+    print(f"# {machine_name()}; target {target.key}, dot products {', '.join(target.dot_products) or 'none'}; "
+          f"commit {git_commit()}; {args.model} QDQ {args.activations}; {args.trials} trials per task; "
+          f"{args.rounds} rounds in turns; {_uptime()}", flush=True)
+    module, inputs = make_model(args.model)
+    module = module.eval()
+    folder = tempfile.mkdtemp(prefix="quantized_model_")
+    float_path, path = _quantized_onnx(module, inputs, args.activations, folder)
+    tasks8, int8 = _tuned_model(from_onnx(path), args.trials, args.database, f"ansor int8 {args.model}")
+    _, f32 = _tuned_model(ansor.graph.from_torch(module, inputs), args.trials, args.database,
+                          f"ansor float32 {args.model}")
+    integer = [k for key, k in int8.kernels.items() if "conv2d_integer" in k.task.name or "matmul_integer" in k.task.name]
+    print(f"# integer layers: {len(integer)} kernels, {sum('dpbusd' in k.source for k in integer)} with vpdpbusd",
+          flush=True)
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count() or 1
+    session8 = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    session32 = ort.InferenceSession(float_path, options, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    differ = 0
+    for _ in range(args.check_inputs):
+        x = rng.standard_normal(inputs[0].shape).astype(np.float32)
+        ours, theirs = np.asarray(int8(x)), session8.run(None, {"x": x})[0]
+        differ += int(ours.argmax() != theirs.argmax())
+    print(f"top-1 of ansor int8 equal to onnxruntime int8 on {args.check_inputs - differ} of {args.check_inputs} "
+          f"random inputs", flush=True)
+
+    x = inputs[0].numpy()
+    sides = {"ansor int8": lambda: int8(x), "onnxruntime int8": lambda: session8.run(None, {"x": x}),
+             "ansor float32": lambda: f32(x), "onnxruntime float32": lambda: session32.run(None, {"x": x})}
+    timings = time_in_turns(sides, rounds=args.rounds, min_repeat_s=0.3, pause_s=0.5)
+    base = timings["ansor int8"]
+    for name, t in timings.items():
+        print(f"{name:22s} {t.median * 1e3:9.3f} ms  spread {t.spread:.2f}  paired ratio to ansor int8 "
+              f"{paired_ratio(t, base):.2f}")
+    print(f"ansor int8 vs onnxruntime int8: {paired_ratio(timings['onnxruntime int8'], base):.2f}x (bar 1.0x); "
+          f"vs ansor float32: {paired_ratio(timings['ansor float32'], base):.2f}x (bar 1.8x); {_uptime()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--trials", type=int, default=64)
     parser.add_argument("--database", default="low_precision.db")
     parser.add_argument("--rounds", type=int, default=TIMING_ROUNDS)
+    parser.add_argument("--model", choices=("resnet18",), default=None,
+                        help="time this model quantized by onnxruntime instead of the GEMMs")
+    parser.add_argument("--activations", choices=("uint8", "int8"), default="uint8")
+    parser.add_argument("--check-inputs", type=int, default=100)
     args = parser.parse_args()
+    if args.model:
+        quantized_model(args)
+        return
     n = args.size
     target = ansor.Target.host()
     print(f"# {machine_name()}; target {target.key}, dot products {', '.join(target.dot_products) or 'none'}; "
