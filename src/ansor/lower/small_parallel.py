@@ -15,9 +15,11 @@ from ansor.lower import ir
 from ansor.lower.rewrite import StmtRewriter
 
 #: Statement executions (iterations of the innermost loops, summed over the nests) below which
-#: a kernel's parallel loops run serially: a few million, tens of microseconds of vector code
-#: on one core (a 256 x 8192 matrix-vector product is 2 million).
-MIN_PARALLEL_ITERATIONS = 1 << 22
+#: a kernel's parallel loops run serially: a quarter million, tens of microseconds on one core
+#: (a decoding step's 256 x 768 projection is 0.2 million and stays serial; its 256 x 8192 head,
+#: 2 million, is shared). At 4 million, ResNet-18's Winograd transforms and pooling ran serially
+#: and its quick build measured 7% slower, timed in turns (BENCHMARKS.md).
+MIN_PARALLEL_ITERATIONS = 1 << 18
 
 
 def iterations(stmt: ir.Stmt) -> int:
