@@ -13,6 +13,7 @@ from ansor.schedule.state import ScheduleError, State
 from ansor.search.annotate import divisors, sample_factors
 from ansor.search.annotate_gpu import bind_threads, gpu_hardware
 from ansor.search.matvec import matvec_program
+from ansor.search.window_reduction import window_program
 from ansor.search.policy import SearchPolicy
 from ansor.task import Task
 
@@ -128,8 +129,8 @@ DEFAULT_GPU_THREADS = 64  # a block of the untuned GPU program: two warps, fits 
 
 def default_schedule(task: Task) -> State:
     """The untuned program used when no record exists: inline, parallel outer loops, a
-    matrix-vector product's rows as vectors (on a GPU: each root stage's spatial loops fused
-    and cut into blocks of 64 threads)."""
+    matrix-vector product's rows as vectors, a pooling window's channels as vectors (on a GPU:
+    each root stage's spatial loops fused and cut into blocks of 64 threads)."""
     s = State(task.dag)
     inline_elementwise(s)
     target = task.target
@@ -142,6 +143,8 @@ def default_schedule(task: Task) -> State:
         if st.is_placeholder or st.attach != "root":
             continue
         program = matvec_program(s, sid, target.vector_unit_bytes, target.num_cores)
+        if program is None:  # a pooling window over channels-last data (`search.window_reduction`)
+            program = window_program(s, sid, target.num_cores)
         if program is not None:  # rows against one vector: rows read as vectors (`search.matvec`)
             s = program
         elif st.iters and st.iters[0].kind == "spatial" and st.iters[0].extent > 1:
