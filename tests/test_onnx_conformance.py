@@ -18,6 +18,8 @@ ONCE_WRONG = {
     "test_flatten_negative_axis1": "pass", "test_flatten_negative_axis4": "pass",
     "test_gathernd_example_float32": "pass", "test_max_int32": "pass", "test_min_int64": "pass",
     "test_averagepool_2d_dilations": "pass",  # dilated windows in ceil mode: explicit end padding
+    "test_dynamicquantizelinear": "pass",  # round(x / scale) at a tie: the division must be exact
+    "test_attention_4d_causal_bf16": "pass",  # bfloat16 computed in float32, rounded once
 }
 
 

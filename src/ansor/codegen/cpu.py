@@ -351,7 +351,20 @@ class CPrinter(CLikePrinter):
             text += (f"\n/* bytes of packed parameter i (after the inputs and outputs); -1 past the last */\n"
                      f"long long {self.fname}_packed_bytes(int i) {{\n  switch (i) {{\n{cases}"
                      f"    default: return -1LL;\n  }}\n}}\n")
-        return self.prelude() + text
+        return exact_division_pragma(text) + self.prelude() + text
+
+
+#: What in a kernel turns a float into an integer: rounding to nearest and the saturating casts.
+ROUNDING_MARKS = ("rintf(", "rint(", "ansor_sat_f")
+#: gcc's `-freciprocal-math` (DEFAULT_CFLAGS) turns x / s into x * (1/s), an ulp off; a kernel that
+#: then rounds to an integer (ONNX's QuantizeLinear: round(x / scale)) would step across a tie and
+#: be a whole quantization step off. Such kernels divide exactly.
+EXACT_DIVISION = '#pragma GCC optimize ("no-reciprocal-math")\n'
+
+
+def exact_division_pragma(text: str) -> str:
+    """The pragma that makes a kernel's divisions exact when it rounds floats to integers."""
+    return EXACT_DIVISION if any(mark in text for mark in ROUNDING_MARKS) else ""
 
 
 def print_c(func: ir.PrimFunc, threads: int = 0) -> tuple[str, str]:
