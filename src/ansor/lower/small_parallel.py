@@ -17,8 +17,8 @@ from ansor.lower.rewrite import StmtRewriter
 #: Statement executions (iterations of the innermost loops, summed over the nests) below which
 #: a kernel's parallel loops run serially: a quarter million, tens of microseconds on one core
 #: (a decoding step's 256 x 768 projection is 0.2 million and stays serial; its 256 x 8192 head,
-#: 2 million, is shared). At 4 million, ResNet-18's Winograd transforms and pooling ran serially
-#: and its quick build measured 7% slower, timed in turns (BENCHMARKS.md).
+#: 2 million, is shared). At 4 million a CNN's Winograd transforms and pooling ran on one core
+#: (BENCHMARKS-history.md, 2026-11-27).
 MIN_PARALLEL_ITERATIONS = 1 << 18
 
 

@@ -59,12 +59,12 @@ def matvec_axes(state: State, sid: int, lanes: int) -> tuple[int, E.IterVar] | N
     for read in reads:
         if read.dtype not in DTYPES:
             return None
-        uses_k = [j for j, index in enumerate(read.indices) if _mentions(index, k)]
+        uses_k = [j for j, index in enumerate(read.indices) if mentions(index, k)]
         if not uses_k:
             continue
         if uses_k != [len(read.indices) - 1] or read.indices[-1] is not k:
             return None
-        matrix = matrix or any(_mentions(index, out_axis) for index in read.indices)
+        matrix = matrix or any(mentions(index, out_axis) for index in read.indices)
     return (long_axes[0], k) if matrix else None
 
 
@@ -109,6 +109,7 @@ def _schedule(s: State, sid: int, out_pos: int, k: E.IterVar, lanes: int, block:
         s.parallel(final, row_blocks.name)
 
 
-def _mentions(index: E.Expr, var: E.IterVar) -> bool:
+def mentions(index: E.Expr, var: E.IterVar) -> bool:
+    """Whether the iteration variable `var` occurs in `index`."""
     return any(n is var for n in E.walk(index))
 

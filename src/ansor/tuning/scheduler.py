@@ -184,7 +184,7 @@ class GradientScheduler(TaskScheduler):
         group = self._group_of(index, tasks)
         if len(group) <= 1:
             return 0.0
-        return max(_throughput(tasks[j]) for j in group)
+        return max(throughput(tasks[j]) for j in group)
 
     def _leave_group_if_behind(self, index: int, tasks: Sequence[TaskView]) -> None:
         """A task that stays below 1/beta of its group's best throughput after 5 rounds more than
@@ -194,8 +194,8 @@ class GradientScheduler(TaskScheduler):
         if len(group) <= 1:
             return
         others = [j for j in group if j != index]
-        best = max(_throughput(tasks[j]) for j in group)
-        if (_throughput(tasks[index]) < best / self.beta
+        best = max(throughput(tasks[j]) for j in group)
+        if (throughput(tasks[index]) < best / self.beta
                 and tasks[index].rounds > 5 + max(tasks[j].rounds for j in others)):
             group.discard(index)
             self._ensure_groups(tasks)[index] = {index}
@@ -221,7 +221,7 @@ class GradientScheduler(TaskScheduler):
         self._leave_group_if_behind(index, tasks)
 
 
-def _throughput(task: TaskView) -> float:
+def throughput(task: TaskView) -> float:
     """FLOP/s of the task's best program; 0 without one."""
     g = task.best_cost
     return task.flop / g if 0 < g < math.inf else 0.0

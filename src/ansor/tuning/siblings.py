@@ -26,6 +26,7 @@ from ansor.dag import ComputeDAG
 from ansor.schedule.state import State
 from ansor.schedule.steps import SplitStep, Step, steps_from_json
 from ansor.te.tensor import ComputeOp
+from ansor.tuning.scheduler import throughput
 
 __all__ = ["SiblingPrograms", "fit_lengths", "fit_program", "structure_key"]
 
@@ -92,7 +93,7 @@ def fit_program(steps: Sequence[Step], dag: ComputeDAG) -> State | None:
 class SiblingPrograms:
     """Offers each task of a job its faster siblings' best programs, each once.
 
-    `tuners` are the job's task tuners (`TaskTuner`: task, result, measured_keys,
+    `tuners` are the job's task tuners (`TaskTuner`: task, result, best_cost, flop, measured_keys,
     add_candidates); tasks of different targets are never siblings."""
 
     def __init__(self, tuners: Sequence) -> None:
@@ -113,9 +114,9 @@ class SiblingPrograms:
         FLOP/s) than the task's own best, fastest first, fitted to its shapes, never one it
         has measured or was offered. Returns how many."""
         tuner = self.tuners[index]
-        own = _throughput(tuner)
-        faster = sorted((j for j in self.siblings(index) if _throughput(self.tuners[j]) > own),
-                        key=lambda j: -_throughput(self.tuners[j]))
+        own = throughput(tuner)
+        faster = sorted((j for j in self.siblings(index) if throughput(self.tuners[j]) > own),
+                        key=lambda j: -throughput(self.tuners[j]))
         states = []
         for j in faster:
             if len(states) >= limit:
@@ -139,8 +140,3 @@ class SiblingPrograms:
             self.offered += len(states)
         return len(states)
 
-
-def _throughput(tuner) -> float:
-    """FLOP/s of the task's best program so far; 0 without one."""
-    cost = tuner.result.best_cost
-    return tuner.task.flop / cost if 0 < cost < float("inf") else 0.0
