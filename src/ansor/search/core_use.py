@@ -7,7 +7,7 @@ there, and when the loops above it have one iteration (a tile-size mutation move
 inward, or annotation drew them so) the "parallel" loop runs once: the whole matmul on one core.
 Timed while other work keeps the second core busy, such a program measures as fast as a
 parallel one and becomes the record: the BERT layer's output projection was recorded that way,
-serial at 210 GFLOP/s, while the layer's other linears ran on both cores at 420-460 GFLOP/s.
+at half the speed of the layer's other linears on a quiet machine.
 
 `idle_cores` names such programs so that the search never offers them for measurement: a task
 with real work (`MIN_SHARED_FLOP`) whose stage holding a reduction has at least as many outer
