@@ -5,6 +5,7 @@ full policy proposes batches and learns from measurements."""
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -125,6 +126,24 @@ def test_evolve_excludes_measured_and_orders_by_score(conv_policy):
     assert not {st.key() for _, st in best} & measured
     assert len({st.key() for _, st in best}) == len(best)
 
+
+def test_evolve_breeds_no_generation_past_its_deadline(conv_policy):
+    """A job out of time stops breeding: the scored starting population is what it returns."""
+    pop = conv_policy.sample(32)
+
+    def score(states):
+        return np.array([(hash(s.key()) % 100) / 100 for s in states], dtype=float)
+
+    stats: dict = {}
+    late = evolve(pop, score, random.Random(5), conv_policy.params, set(), out_size=8, num_iters=3,
+                  stats=stats, deadline=time.time() - 1.0)
+    assert stats == {}  # no child was bred
+    assert {st.key() for _, st in late} <= {s.key() for s in pop}
+    assert [sc for sc, _ in late] == sorted(score(pop), reverse=True)[:8]
+    stats = {}
+    evolve(pop, score, random.Random(5), conv_policy.params, set(), out_size=8, num_iters=3,
+           stats=stats, deadline=time.time() + 3600.0)
+    assert sum(stats.values()) > 0
 
 def test_search_round_with_a_model_proposes_unmeasured_programs():
     task = make_task("matmul", (32, 32, 32))

@@ -105,7 +105,7 @@ class RandomSearchPolicy(SearchPolicy):
         self.params = {**BASIC_DEFAULTS, **(params or {})}
         self.base = State(task.dag)
 
-    def next_batch(self, n: int, measured_keys: set[str]) -> list[State]:
+    def next_batch(self, n: int, measured_keys: set[str], deadline: float | None = None) -> list[State]:
         out: list[State] = []
         seen = set(measured_keys)
         misses = 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import random
+import time
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence, Union
 
@@ -361,9 +362,11 @@ def breed_locally(orders: list, seed: int, params: SearchParams, cores: int = 1)
 
 def evolve(population: list[Program], score: ScoreFn, rng: random.Random, params: SearchParams,
            exclude: set[str], out_size: int, num_iters: int | None = None,
-           stats: dict | None = None, breed: BreedFn | None = None) -> list[tuple[float, Program]]:
+           stats: dict | None = None, breed: BreedFn | None = None,
+           deadline: float | None = None) -> list[tuple[float, Program]]:
     """Evolve a population for a few generations; return the best (score, program) pairs whose
-    keys are not in `exclude` (already measured), best first.
+    keys are not in `exclude` (already measured), best first. Past `deadline` (a `time.time()`
+    value) no further generation is bred: a job out of time returns what it has found.
 
     Parents are drawn in this process (roulette wheel on the scores); `breed` turns the drawn
     orders into children, in worker processes when given (default: here)."""
@@ -394,7 +397,7 @@ def evolve(population: list[Program], score: ScoreFn, rng: random.Random, params
                 _, _, old = heapq.heapreplace(heap, (sc, counter, st))
                 in_heap.discard(old.key())
                 in_heap.add(key)
-        if gen == num_iters:
+        if gen == num_iters or (deadline is not None and time.time() >= deadline):
             break
         fitness = np.where(np.isfinite(scores), np.maximum(scores, 0.0), 0.0)
         if fitness.sum() <= 0:

@@ -37,9 +37,10 @@ class SearchPolicy(ABC):
         self.seed = seed
 
     @abstractmethod
-    def next_batch(self, n: int, measured_keys: set[str]) -> list[State]:
+    def next_batch(self, n: int, measured_keys: set[str], deadline: float | None = None) -> list[State]:
         """Up to n complete programs whose `key()` is not in measured_keys (fewer when the
-        space looks exhausted)."""
+        space looks exhausted). `deadline` (a `time.time()` value, None: none) is when the
+        job's time is up: a search that runs past it should cut its work short."""
 
     def update(self, results: Sequence[MeasureResult]) -> None:
         """Learn from measured results. Default: nothing."""

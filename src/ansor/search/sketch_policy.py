@@ -118,12 +118,12 @@ class SketchPolicy(SearchPolicy):
         return fresh + reused
 
     # --- one round --------------------------------------------------------------------------
-    def next_batch(self, n: int, measured_keys: set[str]) -> list[State]:
+    def next_batch(self, n: int, measured_keys: set[str], deadline: float | None = None) -> list[State]:
         # while a learned model is still warming up its scores are random: evolving a population
         # on them would cost a full search round and pick random programs anyway
         if self.cost_model is None or getattr(self.cost_model, "trusted", True) is False:
             return self.sample(n, measured_keys)
-        return self.search_round(n, measured_keys)
+        return self.search_round(n, measured_keys, deadline)
 
     def features(self, states: Sequence[State]) -> list:
         """Program features, cached across rounds (evolution revisits many programs)."""
@@ -166,14 +166,15 @@ class SketchPolicy(SearchPolicy):
         self._timers["predict"] += time.perf_counter() - t1
         return scores
 
-    def search_round(self, n: int, measured_keys: set[str]) -> list[State]:
+    def search_round(self, n: int, measured_keys: set[str], deadline: float | None = None) -> list[State]:
         """Evolve a fresh population plus the best measured programs; return n unmeasured
         programs: the best predicted and an eps-greedy share of random ones. The population
-        holds Genomes (steps and key) where programs came from workers; picks are replayed."""
+        holds Genomes (steps and key) where programs came from workers; picks are replayed.
+        Evolution breeds no generation past `deadline` (a `time.time()` value)."""
         with collector_paused():  # a round makes no reference cycles, only many objects
-            return self._search_round(n, measured_keys)
+            return self._search_round(n, measured_keys, deadline)
 
-    def _search_round(self, n: int, measured_keys: set[str]) -> list[State]:
+    def _search_round(self, n: int, measured_keys: set[str], deadline: float | None) -> list[State]:
         from ansor.search.evolution import as_state, evolve
 
         p = self.params
@@ -186,7 +187,7 @@ class SketchPolicy(SearchPolicy):
         n_random = int(p.eps_greedy * n)
         stats: dict = {}
         ranked = evolve(init + best_measured, self.score, self.rng, p, measured_keys, out_size=4 * n, stats=stats,
-                        breed=self.breed)
+                        breed=self.breed, deadline=deadline)
         t2 = time.perf_counter()
         picks: list[State] = []
         chosen: set[str] = set()

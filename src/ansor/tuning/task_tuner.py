@@ -167,7 +167,7 @@ class TaskTuner:
             if state.key() not in seen:
                 seen.add(state.key())
                 first.append(state)
-        states = first + (self.policy.next_batch(n - len(first), seen) if len(first) < n else [])
+        states = first + (self.policy.next_batch(n - len(first), seen, deadline=deadline) if len(first) < n else [])
         t1 = time.perf_counter()
         res.search_seconds += t1 - t0
         if not states:
