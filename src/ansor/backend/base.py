@@ -81,6 +81,9 @@ class Backend:
     # printed in turn for a program whose build ran out of registers (the device compiler
     # reported a spill), each asking less of them; the first source that builds is the program's
     refit_printers: tuple[Printer, ...] = ()
+    # the passes as analyses (the cost model's features) run them: each gives what they read of
+    # its namesake's output, maybe more cheaply; None: `passes` themselves
+    analysis_passes: tuple[LoweringPass, ...] | None = None
 
     def capabilities(self, target: Target) -> Capabilities:
         return _capabilities(self, target)
@@ -89,6 +92,13 @@ class Backend:
         """The backend's lowering passes applied to an already lowered function."""
         caps = self.capabilities(target)
         for fitted in self.passes:
+            func = fitted(func, caps)
+        return func
+
+    def run_analysis_passes(self, func: ir.PrimFunc, target: Target) -> ir.PrimFunc:
+        """`run_passes` as analyses read its output (never printed: see `analysis_passes`)."""
+        caps = self.capabilities(target)
+        for fitted in self.passes if self.analysis_passes is None else self.analysis_passes:
             func = fitted(func, caps)
         return func
 

@@ -10,7 +10,7 @@ from ansor.lower.dot_product import form_dot_product_tiles
 from ansor.lower.register_tile import form_register_tiles
 from ansor.lower.small_parallel import serial_small_kernels
 from ansor.lower.transposed_store import form_transposed_stores
-from ansor.lower.unswitch import unswitch_bounds_checks
+from ansor.lower.unswitch import unswitch_bounds_checks, unswitched_as_scheduled
 from ansor.measure import DEFAULT_CFLAGS, Builder, KernelLibrary, Runner
 from ansor.target import Target
 
@@ -47,6 +47,10 @@ def unswitched_bounds_checks(func: ir.PrimFunc, caps: Capabilities) -> ir.PrimFu
     return unswitch_bounds_checks(func)
 
 
+def unswitched_for_analysis(func: ir.PrimFunc, caps: Capabilities) -> ir.PrimFunc:
+    return unswitched_as_scheduled(func)
+
+
 CPU = Backend(
     kind="cpu",
     language="c",
@@ -54,6 +58,7 @@ CPU = Backend(
     # small kernels serial first (it counts plain loops); tiles next: their nests are vector code
     # already; checks unswitched in the plain nests left
     passes=(serial_when_small, dot_product_tiles, register_tiles, transposed_stores, unswitched_bounds_checks),
+    analysis_passes=(serial_when_small, dot_product_tiles, register_tiles, transposed_stores, unswitched_for_analysis),
     printer=lambda func, caps: print_c(func, caps.threads),
     builder=cpu_builder,
     loader=KernelLibrary,

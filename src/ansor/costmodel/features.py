@@ -758,7 +758,7 @@ def program_features(state: State, cache_line_bytes: int = 64, target: Target | 
     except Exception:
         return np.zeros((0, FEATURE_COUNT), dtype=np.float32)
     try:
-        func = backend_for(target).run_passes(func, target)
+        func = backend_for(target).run_analysis_passes(func, target)
     except ScheduleError:  # the target cannot run it (a GPU's limits): no features, ranked last
         return np.zeros((0, FEATURE_COUNT), dtype=np.float32)
     return extract_features(func, cache_line_bytes)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from ansor.lower import ir
 from ansor.lower.rewrite import StmtRewriter
 from ansor.te import expr as E
-from ansor.te.arith import simplify, symbolic_bounds
+from ansor.te.arith import simplify, symbolic_bounds, to_linear
 from ansor.te.printer import expr_to_str
 
 #: How a comparison `a op b` holds for all values of `d = a - b` in [lo, hi].
@@ -83,10 +83,61 @@ def _unguarded(node: E.Expr) -> E.Expr | None:
     return node.a if type(node) is E.Select and _comparisons(node.cond) is not None else None
 
 
+def _fails_somewhere(cmp: E.Compare, inner: dict, outer: dict) -> bool:
+    """True when `cmp` is false at some point of the box its variables range over (`inner`,
+    then `outer`): then no interval argument proves it throughout, so the nest it guards is
+    never unguarded. Decided exactly where the difference of its sides is linear in atoms that
+    each take every value of their range and move independently (distinct variables, alone or
+    divided by or taken modulo a constant: a fused loop's coordinates); its extremes are then
+    reached. False (undecided) for anything else."""
+    lin = to_linear(E.BinOp("-", cmp.a, cmp.b, cmp.a.dtype))
+    lo = hi = lin.const
+    used: set[int] = set()
+    for atom, coef in lin.terms.values():
+        r = _atom_range(atom, inner, outer, used)
+        if r is None:
+            return False
+        a, b = coef * r[0], coef * r[1]
+        lo, hi = (lo + a, hi + b) if a <= b else (lo + b, hi + a)
+    op = cmp.op
+    return lo < 0 if op == ">=" else lo <= 0 if op == ">" else hi > 0 if op == "<=" else hi >= 0
+
+
+def _atom_range(atom: E.Expr, inner: dict, outer: dict, used: set[int]) -> tuple[int, int] | None:
+    """The least and greatest value (both reached) over a variable's range of the variable,
+    floor-divided by constants any number of times, then maybe taken modulo a constant; its
+    variable recorded in `used`. None for another expression or a variable already used."""
+    modulus = None
+    if _by_const(atom, "%"):
+        modulus, atom = atom.b.value, atom.a
+    divisors = []
+    while _by_const(atom, "//"):
+        divisors.append(atom.b.value)
+        atom = atom.a
+    if type(atom) is not E.Var or id(atom) in used:
+        return None
+    r = inner.get(id(atom)) or outer.get(id(atom))
+    if r is None:
+        return None
+    used.add(id(atom))
+    lo, hi = r  # every integer between is taken, and still is after each division
+    for c in reversed(divisors):
+        lo, hi = lo // c, hi // c
+    if modulus is not None:
+        c = modulus
+        return (lo % c, hi % c) if lo // c == hi // c else (0, c - 1)
+    return lo, hi
+
+
+def _by_const(e: E.Expr, op: str) -> bool:
+    return type(e) is E.BinOp and e.op == op and type(e.b) is E.Const and e.b.value > 0
+
+
 class _Unswitcher(StmtRewriter):
-    def __init__(self) -> None:
+    def __init__(self, as_scheduled: bool = False) -> None:
         super().__init__()
         self.failed: list[str] = []  # the checks that failed on the way in (their text)
+        self.as_scheduled = as_scheduled  # each `Unswitched` as its `slow` nest (see scheduled_view)
 
     def loop(self, s: ir.For) -> ir.Stmt:
         nest = _perfect_nest(s)
@@ -97,6 +148,13 @@ class _Unswitcher(StmtRewriter):
         if not guards:
             return s
         inner = {id(f.var): (0, f.extent - 1) for f in loops}
+        if self.as_scheduled:
+            # a check that fails somewhere keeps this nest (and every nest inside it, which
+            # holds the same selects) as scheduled; an `if` that does, this nest alone
+            if any(_fails_somewhere(cmp, inner, self.ranges) for g in guards for cmp in _comparisons(g.cond)):
+                return s
+            if any(_fails_somewhere(cmp, inner, self.ranges) for c in conds for cmp in _comparisons(c)):
+                return super().loop(s)
         checks = []
         for cond in [g.cond for g in guards] + conds:
             for cmp in _comparisons(cond):
@@ -110,6 +168,8 @@ class _Unswitcher(StmtRewriter):
         fast = _rebuild(loops, ir.Store(store.buffer, store.indices, E.transform(store.value, _unguarded)))
         if type(cond) is E.Const:
             return fast
+        if self.as_scheduled:
+            return super().loop(s)
         text = expr_to_str(cond)
         if text in self.failed:  # the loop's variable is in no check: decided further out
             return super().loop(s)
@@ -122,3 +182,11 @@ class _Unswitcher(StmtRewriter):
 def unswitch_bounds_checks(func: ir.PrimFunc) -> ir.PrimFunc:
     """`func` (and its prepack function) with the guarded store nests unswitched."""
     return _Unswitcher().apply(func)
+
+
+def unswitched_as_scheduled(func: ir.PrimFunc) -> ir.PrimFunc:
+    """What analyses read of `unswitch_bounds_checks(func)`, which see each `Unswitched` as its
+    `slow` nest: `func` with only the nests whose checks always pass made unguarded. Cheaper:
+    a check that visibly fails somewhere (a padded border) needs no bounds worked out, and
+    no unguarded copy is built. The cost model's features lower programs with it."""
+    return _Unswitcher(as_scheduled=True).apply(func)
