@@ -84,6 +84,9 @@ class Backend:
     # the passes as analyses (the cost model's features) run them: each gives what they read of
     # its namesake's output, maybe more cheaply; None: `passes` themselves
     analysis_passes: tuple[LoweringPass, ...] | None = None
+    # whether analyses see the prepack function's stages: a GPU program runs them as kernels of
+    # its own, a CPU program once ahead of the calls (then analyses lower without them)
+    analyses_read_prepack: bool = True
 
     def capabilities(self, target: Target) -> Capabilities:
         return _capabilities(self, target)

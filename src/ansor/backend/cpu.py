@@ -59,6 +59,7 @@ CPU = Backend(
     # already; checks unswitched in the plain nests left
     passes=(serial_when_small, dot_product_tiles, register_tiles, transposed_stores, unswitched_bounds_checks),
     analysis_passes=(serial_when_small, dot_product_tiles, register_tiles, transposed_stores, unswitched_for_analysis),
+    analyses_read_prepack=False,
     printer=lambda func, caps: print_c(func, caps.threads),
     builder=cpu_builder,
     loader=KernelLibrary,

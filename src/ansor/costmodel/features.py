@@ -753,12 +753,13 @@ def program_features(state: State, cache_line_bytes: int = 64, target: Target | 
     its backend's lowering passes applied; a program that cannot be lowered has no rows (the
     search drops it). Errors in the passes or in extraction itself are bugs and propagate."""
     target = target or _host_target()
+    backend = backend_for(target)
     try:
-        func = lower(state)
+        func = lower(state, prepack=backend.analyses_read_prepack)
     except Exception:
         return np.zeros((0, FEATURE_COUNT), dtype=np.float32)
     try:
-        func = backend_for(target).run_analysis_passes(func, target)
+        func = backend.run_analysis_passes(func, target)
     except ScheduleError:  # the target cannot run it (a GPU's limits): no features, ranked last
         return np.zeros((0, FEATURE_COUNT), dtype=np.float32)
     return extract_features(func, cache_line_bytes)

@@ -48,9 +48,10 @@ class _StageLowering:
     body: E.Expr | None = None  # effective body (inlined producers substituted)
 
 
-def lower(state: State, name: str = "kernel") -> ir.PrimFunc:
+def lower(state: State, name: str = "kernel", prepack: bool = True) -> ir.PrimFunc:
     """The IR of a complete program (every split length decided); when some stages depend on
-    constant inputs alone, `attrs["prepack"]` holds the function that computes them."""
+    constant inputs alone, `attrs["prepack"]` holds the function that computes them (unless
+    `prepack` is False: an analysis of the kernel alone, such as its features, skips it)."""
     if not state.concrete:
         undecided = [f"{s.name}.{it.name}" for s in state.stages for it in s.iters if it.extent is None]
         raise ScheduleError(f"cannot lower: split lengths undecided for {', '.join(undecided[:4])}")
@@ -58,7 +59,7 @@ def lower(state: State, name: str = "kernel") -> ir.PrimFunc:
         return lower_attention(state, name)
     if gemm_template_stage(state) is not None:  # a GPU kernel written whole (lower/gemm_template.py)
         return lower_gemm(state, name)
-    return _Lowerer(state, name).run()
+    return _Lowerer(state, name, prepack).run()
 
 
 def inferred_extents(state: State) -> dict[str, list[int]]:
@@ -92,9 +93,10 @@ def schedule_text(state: State) -> str:
 
 
 class _Lowerer:
-    def __init__(self, state: State, name: str):
+    def __init__(self, state: State, name: str, prepack: bool = True):
         self.state = state
         self.name = name
+        self.prepack = prepack  # emit the prepack function's stages
         self.by_tensor = {id(s.tensor): i for i, s in enumerate(state.stages)}
         self.info: dict[int, _StageLowering] = {}
         self.ranges: dict[int, tuple[int, int]] = {}  # id(loop var) -> (0, extent - 1)
@@ -129,7 +131,7 @@ class _Lowerer:
         body_parts, prepack_parts = [], []
         for sid in order:
             s = st.stages[sid]
-            if s.attach == "root":
+            if s.attach == "root" and (self.prepack or sid not in prepacked):
                 (prepack_parts if sid in prepacked else body_parts).append(self._emit_stage(sid))
                 if id(s.tensor) not in param_of and sid not in prepacked:
                     temps.append(self.info[sid].buffer)
