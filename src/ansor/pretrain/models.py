@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-#: The names `make_model` knows.
-MODEL_NAMES = ("resnet18", "resnet50", "mobilenet_v2", "bert_layer")
+#: The names `make_model` knows. The last three are not in the pretraining corpus: they check
+#: that what works on the corpus's networks carries over to others (depthwise 7x7 convolutions,
+#: channels-last LayerNorm and GELU MLPs; a ViT encoder layer; a pre-norm decoder layer with
+#: RMSNorm, rotary positions, grouped-query attention and a gated SiLU MLP).
+MODEL_NAMES = ("resnet18", "resnet50", "mobilenet_v2", "bert_layer", "convnext", "vit_layer", "llama_layer")
 
 
 def make_model(name: str) -> tuple[Any, tuple[Any, ...]]:
@@ -48,6 +51,17 @@ def make_model(name: str) -> tuple[Any, tuple[Any, ...]]:
     if name == "mobilenet_v2":
         config = transformers.MobileNetV2Config(num_labels=1000)
         return Logits(transformers.MobileNetV2ForImageClassification(config)), image
+    if name == "convnext":
+        config = transformers.ConvNextConfig(hidden_sizes=[48, 96, 192, 384], depths=[2, 2, 4, 2], num_labels=1000)
+        return Logits(transformers.ConvNextForImageClassification(config)), image
+    if name == "vit_layer":
+        config = transformers.ViTConfig(hidden_size=384, num_attention_heads=6, intermediate_size=1536,
+                                        num_hidden_layers=1, image_size=224, patch_size=16)
+        return _last_hidden_state(transformers.ViTModel(config, add_pooling_layer=False), "pixel_values"), image
+    if name == "llama_layer":
+        config = transformers.LlamaConfig(hidden_size=512, intermediate_size=1376, num_attention_heads=8,
+                                          num_key_value_heads=4, num_hidden_layers=1, vocab_size=1000)
+        return _last_hidden_state(transformers.LlamaModel(config), "inputs_embeds"), (torch.randn(1, 128, 512),)
     config = transformers.BertConfig(num_hidden_layers=1, hidden_size=768, num_attention_heads=12,
                                      intermediate_size=3072)
     layer = transformers.BertModel(config, add_pooling_layer=False).encoder.layer[0]
@@ -63,3 +77,20 @@ def make_model(name: str) -> tuple[Any, tuple[Any, ...]]:
             return self.layer(h)
 
     return Layer(), (torch.randn(1, 128, 768),)
+
+
+def _last_hidden_state(model: Any, argument: str) -> Any:
+    """A `transformers` base model called with one keyword input, returning its last hidden
+    state alone (no cache: one forward pass, as the model benchmarks time it)."""
+    import torch
+
+    class Hidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            extra = {"use_cache": False} if argument == "inputs_embeds" else {}
+            return self.model(**{argument: x}, **extra).last_hidden_state
+
+    return Hidden()
