@@ -26,14 +26,15 @@ import numpy as np
 from common import git_commit, machine_name
 
 
-def model_tasks(name: str) -> list:
+def model_tasks(name: str, target: str = "host") -> list:
+    """The tasks of a named model (`ansor.pretrain.models`) for this machine's CPU or a GPU."""
     import ansor
     from ansor.graph.model_tasks import extract_tasks
     from ansor.pretrain.models import make_model
 
     module, inputs = make_model(name)
     graph = ansor.graph.from_torch(module.eval(), inputs)
-    return extract_tasks(graph).tasks
+    return extract_tasks(graph, target=ansor.Target.cuda() if target == "cuda" else None).tasks
 
 
 def task_programs(task, count: int, seed: int = 0) -> list:
@@ -67,6 +68,8 @@ def time_features(states: list, target, repeat: int) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="resnet18")
+    p.add_argument("--target", choices=("host", "cuda"), default="host",
+                   help="the tasks' target: this machine's CPU or a CUDA GPU (features need no GPU)")
     p.add_argument("--programs", type=int, default=32, help="sampled programs per task (plus their children)")
     p.add_argument("--repeat", type=int, default=3, help="timed passes over each task's programs")
     p.add_argument("--dump", help="write every program's feature rows to this .npz file (no timing)")
@@ -75,7 +78,7 @@ def main() -> None:
 
     from ansor.costmodel.features import program_features
 
-    tasks = model_tasks(args.model)
+    tasks = model_tasks(args.model, args.target)
     if args.dump or args.check:
         rows: dict[str, np.ndarray] = {}
         for t, task in enumerate(tasks):
@@ -95,7 +98,7 @@ def main() -> None:
             print("  differs:", k)
         raise SystemExit(1 if differ or extra else 0)
 
-    print(f"# feature cost: {args.model}, {len(tasks)} tasks, {args.programs} programs per task and "
+    print(f"# feature cost: {args.model} ({args.target}), {len(tasks)} tasks, {args.programs} programs per task and "
           f"their tile-size children; {machine_name()}; commit {git_commit()}; {time.strftime('%Y-%m-%d %H:%M')}")
     per_task = []
     for t, task in enumerate(tasks):
