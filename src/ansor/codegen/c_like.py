@@ -113,6 +113,19 @@ def _helpers(qualifier: str) -> tuple[PreludePiece, ...]:
             low = f"{float(lo)!r}{suffix}" if lo else f"0.0{suffix}"
             max_text = f"{hi}ULL" if dtype == "uint64" else (f"{hi}LL" if hi > 2**31 else str(hi))
             min_text = f"(-{hi}LL - 1)" if dtype == "int64" else (f"(-{hi} - 1)" if lo else "0")
+            if hi < 2 ** 16:
+                # 8 and 16 bits: clamped as a float to the range (exact in every float type),
+                # then truncated through int32. The same values as the chain below; gcc 12
+                # vectorizes this form after a float clamp, but not the chain into an unsigned
+                # byte (a requantized uint8 layer's epilogue stayed scalar: most of its time)
+                bound_lo, bound_hi = f"{float(lo)!r}{suffix}", f"{float(hi)!r}{suffix}"
+                pieces.append(PreludePiece(
+                    f"ansor_sat_{TYPE_SUFFIX[src]}_{TYPE_SUFFIX[dtype]}",
+                    f"{qualifier} {t} ansor_sat_{TYPE_SUFFIX[src]}_{TYPE_SUFFIX[dtype]}({ft} x) {{ "
+                    f"{ft} c = x < {bound_lo} ? {bound_lo} : x > {bound_hi} ? {bound_hi} : x; "
+                    f"return x != x ? ({t})0 : ({t})({C_TYPES['int32']})c; }}\n",
+                    "helpers"))
+                continue
             pieces.append(PreludePiece(
                 f"ansor_sat_{TYPE_SUFFIX[src]}_{TYPE_SUFFIX[dtype]}",
                 f"{qualifier} {t} ansor_sat_{TYPE_SUFFIX[src]}_{TYPE_SUFFIX[dtype]}({ft} x) {{ "
