@@ -7,7 +7,8 @@
 For every task of the model: `--programs` random programs (`SketchPolicy.sample`, seed 0) and
 as many tile-size children of them (`evolution.breed_one("tile_size", ...)`, seeded), the
 programs the search scores in a round. Prints per task the median over `--repeat` passes of
-the milliseconds `program_features` takes per program, and the geometric mean and total over
+the milliseconds `program_features` takes per program (the cyclic garbage collector paused, as
+the search's workers run it, unless `--with-collector`), and the geometric mean and total over
 the tasks. `--dump` writes every program's feature rows (with its key) to a file and
 `--check` compares them bit for bit with such a file: a change that makes the features cheaper
 must not change a single number (the shipped cost model was trained on them).
@@ -16,6 +17,7 @@ must not change a single number (the shipped cost model was trained on them).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import random
 import statistics
@@ -52,16 +54,19 @@ def task_programs(task, count: int, seed: int = 0) -> list:
     return parents + [c for c in children if c is not None]
 
 
-def time_features(states: list, target, repeat: int) -> float:
-    """Median over `repeat` passes of the milliseconds per program."""
+def time_features(states: list, target, repeat: int, collector: bool = False) -> float:
+    """Median over `repeat` passes of the milliseconds per program, with the cyclic garbage
+    collector paused as the search's workers pause it (`search.collector`) unless `collector`."""
     from ansor.costmodel.features import program_features
+    from ansor.search.collector import collector_paused
 
     passes = []
     for _ in range(repeat):
-        start = time.perf_counter()
-        for state in states:
-            program_features(state, target=target)
-        passes.append((time.perf_counter() - start) * 1e3 / len(states))
+        with contextlib.nullcontext() if collector else collector_paused():
+            start = time.perf_counter()
+            for state in states:
+                program_features(state, target=target)
+            passes.append((time.perf_counter() - start) * 1e3 / len(states))
     return statistics.median(passes)
 
 
@@ -72,6 +77,8 @@ def main() -> None:
                    help="the tasks' target: this machine's CPU or a CUDA GPU (features need no GPU)")
     p.add_argument("--programs", type=int, default=32, help="sampled programs per task (plus their children)")
     p.add_argument("--repeat", type=int, default=3, help="timed passes over each task's programs")
+    p.add_argument("--with-collector", action="store_true",
+                   help="leave the cyclic garbage collector running while timing (the search pauses it)")
     p.add_argument("--dump", help="write every program's feature rows to this .npz file (no timing)")
     p.add_argument("--check", help="compare every program's feature rows with this .npz file (no timing)")
     args = p.parse_args()
@@ -99,11 +106,11 @@ def main() -> None:
         raise SystemExit(1 if differ or extra else 0)
 
     print(f"# feature cost: {args.model} ({args.target}), {len(tasks)} tasks, {args.programs} programs per task and "
-          f"their tile-size children; {machine_name()}; commit {git_commit()}; {time.strftime('%Y-%m-%d %H:%M')}")
+          f"their tile-size children; collector {'running' if args.with_collector else 'paused'}; {machine_name()}; commit {git_commit()}; {time.strftime('%Y-%m-%d %H:%M')}")
     per_task = []
     for t, task in enumerate(tasks):
         states = task_programs(task, args.programs)
-        ms = time_features(states, task.target, args.repeat)
+        ms = time_features(states, task.target, args.repeat, args.with_collector)
         per_task.append(ms)
         print(f"task {t:2d} {task.name[:40]:40s} {len(states):4d} programs {ms:7.3f} ms/program")
     geo = math.exp(statistics.fmean(math.log(x) for x in per_task))

@@ -7,7 +7,7 @@ from ansor.backend import Backend, Capabilities, register_backend
 from ansor.codegen.cpu import print_c
 from ansor.lower import ir
 from ansor.lower.dot_product import form_dot_product_tiles
-from ansor.lower.register_tile import form_register_tiles
+from ansor.lower.register_tile import form_register_tiles, form_register_tiles_for_analysis
 from ansor.lower.small_parallel import serial_small_kernels
 from ansor.lower.transposed_store import form_transposed_stores
 from ansor.lower.unswitch import unswitch_bounds_checks, unswitched_as_scheduled
@@ -39,6 +39,10 @@ def register_tiles(func: ir.PrimFunc, caps: Capabilities) -> ir.PrimFunc:
     return form_register_tiles(func, caps.vector_bytes, caps.vector_registers)
 
 
+def register_tiles_for_analysis(func: ir.PrimFunc, caps: Capabilities) -> ir.PrimFunc:
+    return form_register_tiles_for_analysis(func, caps.vector_bytes, caps.vector_registers)
+
+
 def transposed_stores(func: ir.PrimFunc, caps: Capabilities) -> ir.PrimFunc:
     return form_transposed_stores(func, caps.vector_bytes)
 
@@ -58,7 +62,8 @@ CPU = Backend(
     # small kernels serial first (it counts plain loops); tiles next: their nests are vector code
     # already; checks unswitched in the plain nests left
     passes=(serial_when_small, dot_product_tiles, register_tiles, transposed_stores, unswitched_bounds_checks),
-    analysis_passes=(serial_when_small, dot_product_tiles, register_tiles, transposed_stores, unswitched_for_analysis),
+    analysis_passes=(serial_when_small, dot_product_tiles, register_tiles_for_analysis, transposed_stores,
+                     unswitched_for_analysis),
     analyses_read_prepack=False,
     printer=lambda func, caps: print_c(func, caps.threads),
     builder=cpu_builder,

@@ -545,50 +545,55 @@ class _Extractor:
                     size = _prod_capped(span, shape)
                 mem_bytes[i] += size * elem
             return [float(s if s < e else e) for s, e in zip(span, shape)]
-        # several index tuples or non-linear terms: recompute the union where it changes
+        # several index tuples or non-linear terms: recompute the union where it changes, in
+        # the dimensions whose indices read the loop variable that starts to sweep
         ranges = {f.vid: (0, 0) for f in loops}
-        moving = set()
+        moving: dict[int, list[int]] = {}  # loop depth -> dimensions it moves
         for forms in acc.forms:
-            for f in forms:
-                moving.update(depth[v] for v in f.vids if v in depth)
-        region = self.region(acc, n, ranges)
+            for d, f in enumerate(forms):
+                for v in f.vids:
+                    p = depth.get(v)
+                    if p is not None:
+                        dims = moving.setdefault(p, [])
+                        if d not in dims:
+                            dims.append(d)
+        region = [self.extent_of(acc, d, n, ranges) for d in range(len(shape))]
         size = math.prod(region)
         for i in range(n - 1, -1, -1):
             ranges[loops[i].vid] = (0, loops[i].extent - 1)
-            if i in moving:
-                region = self.region(acc, i, ranges)
+            dims = moving.get(i)
+            if dims is not None:
+                for d in dims:
+                    region[d] = self.extent_of(acc, d, i, ranges)
                 size = math.prod(region)
             mem_bytes[i] += size * elem
         return region
 
-    def region(self, acc: _Access, level: int, ranges: dict) -> list[float]:
-        """Per-dimension extent of the union of a statement's accesses to one buffer when the
-        loops from `level` inward sweep their ranges (as given in `ranges`)."""
+    def extent_of(self, acc: _Access, d: int, level: int, ranges: dict) -> float:
+        """Extent in dimension `d` of the union of a statement's accesses to one buffer when
+        the loops from `level` inward sweep their ranges (as given in `ranges`)."""
         loops, depth = self.loops, self.depth
-        out = []
-        for d, size in enumerate(acc.buffer.shape):
-            lo_all, hi_all = math.inf, -math.inf
-            for forms in acc.forms:
-                f = forms[d]
-                lo = hi = f.const
-                for vid, c in f.coefs.items():
-                    p = depth.get(vid)
-                    if p is not None and p >= level:
-                        delta = c * (loops[p].extent - 1)
-                        if delta < 0:
-                            lo += delta
-                        else:
-                            hi += delta
-                for atom, c, _ in f.atoms:
-                    alo, ahi = const_bounds(atom, ranges)
-                    alo, ahi = (alo * c, ahi * c) if c > 0 else (ahi * c, alo * c)
-                    lo += alo
-                    hi += ahi
-                lo_all = min(lo_all, lo)
-                hi_all = max(hi_all, hi)
-            span = hi_all - lo_all + 1
-            out.append(float(min(span, size)))
-        return out
+        lo_all, hi_all = math.inf, -math.inf
+        for forms in acc.forms:
+            f = forms[d]
+            lo = hi = f.const
+            for vid, c in f.coefs.items():
+                p = depth.get(vid)
+                if p is not None and p >= level:
+                    delta = c * (loops[p].extent - 1)
+                    if delta < 0:
+                        lo += delta
+                    else:
+                        hi += delta
+            for atom, c, _ in f.atoms:
+                alo, ahi = const_bounds(atom, ranges)
+                alo, ahi = (alo * c, ahi * c) if c > 0 else (ahi * c, alo * c)
+                lo += alo
+                hi += ahi
+            lo_all = min(lo_all, lo)
+            hi_all = max(hi_all, hi)
+        span = hi_all - lo_all + 1
+        return float(min(span, acc.buffer.shape[d]))
 
     def strides(self, acc: _Access) -> dict[int, int]:
         """Smallest nonzero flat-index stride of each loop variable over the accesses."""

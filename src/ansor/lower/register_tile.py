@@ -106,9 +106,11 @@ def _vectorizable(expr: E.Expr, vec_var: E.Var, offsets: dict[int, E.Expr]) -> b
 
 
 def plan_register_tile(loop: ir.For, buf: ir.Buffer, vector_bytes: int, registers: int,
-                       ranges: dict) -> ir.RegisterTile | None:
+                       ranges: dict, analysis: bool = False) -> ir.RegisterTile | None:
     """The register tile for the reduction nest `loop` into the local buffer `buf`, or None
-    where the nest does not have the shape (see the module docstring) or does not fit."""
+    where the nest does not have the shape (see the module docstring) or does not fit. With
+    `analysis`, the tile as analyses read it: the same decision and loops, without the vector
+    statements or pins (it is never printed)."""
     if buf.dtype != "float32" or vector_bytes < 16:
         return None
     lanes = vector_bytes // 4
@@ -140,14 +142,15 @@ def plan_register_tile(loop: ir.For, buf: ir.Buffer, vector_bytes: int, register
     # accumulator above one that does not stay outside, and the tile is the block they select
     outer = max((p + 1 for p in range(len(indexes)) if indexes[p] and not all(indexes[p:])), default=0)
     for kept_outside in dict.fromkeys((0, outer)):
-        tile = _plan(loop, nest, store, buf, index, indexes, kept_outside, lanes, registers, ranges)
+        tile = _plan(loop, nest, store, buf, index, indexes, kept_outside, lanes, registers, ranges, analysis)
         if tile is not None:
             return tile
     return None
 
 
 def _plan(loop: ir.For, nest: list[ir.For], store: ir.Store, buf: ir.Buffer, index: E.Expr,
-          indexes: list[bool], outer: int, lanes: int, registers: int, ranges: dict) -> ir.RegisterTile | None:
+          indexes: list[bool], outer: int, lanes: int, registers: int, ranges: dict,
+          analysis: bool = False) -> ir.RegisterTile | None:
     """`plan_register_tile` with the first `outer` loops of the nest outside the tile."""
     vec = nest[-1]
     value = store.value
@@ -181,14 +184,22 @@ def _plan(loop: ir.For, nest: list[ir.For], store: ir.Store, buf: ir.Buffer, ind
     updates: list[tuple[int, E.Expr, int]] = []
     slot_of: dict[int, int] = {}  # with outer loops: the block's vectors by element offset from `base`
     uses: Counter = Counter()  # statements per chunk that read each contiguous operand
+    operands = _Operands(added, inner, vec.var, simplifier) if analysis else None
     for values in itertools.product(*(range(f.extent) for f in inner)):
         binding = {f.var: E.Const(v, "int32") for f, v in zip(inner, values)}
-        point_value = E.substitute(added, binding)
-        loads = loads_in(point_value)
-        offsets = {id(ld): simplifier.simplify(ld.buffer.flat_index(ld.indices)) for ld in loads}
-        if not _vectorizable(point_value, vec.var, offsets):
-            return None
-        uses.update({load_key(ld, offsets[id(ld)]) for ld in loads if index_coefficient(offsets[id(ld)], vec.var) == 1})
+        if operands is not None:
+            point_value = None
+            keys = operands.at(values, binding)
+            if keys is None:
+                return None
+            uses.update(keys)
+        else:
+            point_value = E.substitute(added, binding)
+            loads = loads_in(point_value)
+            offsets = {id(ld): simplifier.simplify(ld.buffer.flat_index(ld.indices)) for ld in loads}
+            if not _vectorizable(point_value, vec.var, offsets):
+                return None
+            uses.update({load_key(ld, offsets[id(ld)]) for ld in loads if index_coefficient(offsets[id(ld)], vec.var) == 1})
         for c in range(chunks):
             at = to_linear(simplifier.simplify(E.substitute(index, {**binding, vec.var: E.Const(c * lanes, "int32")}))
                            - base)
@@ -205,13 +216,54 @@ def _plan(loop: ir.For, nest: list[ir.For], store: ir.Store, buf: ir.Buffer, ind
     return ir.RegisterTile(buf, loop, lanes, split, tuple(updates), pinned, outer, base, offsets)
 
 
+class _Operands:
+    """The loads of a tile's added value at each point of its unrolled loops, for analyses:
+    each load's offset is simplified once per binding of the unrolled loop variables it reads
+    (a weight row that one loop does not move is not simplified again at each of its points).
+    Gives what `_plan` derives from the point's substituted value, the same offsets and keys."""
+
+    def __init__(self, added: E.Expr, inner: list[ir.For], vec_var: E.Var, simplifier: Simplifier):
+        self.added, self.vec_var, self.simplifier = added, vec_var, simplifier
+        self.loads = list(dict.fromkeys(loads_in(added)))  # each load object once
+        positions = {id(f.var): p for p, f in enumerate(inner)}
+        self.reads = [sorted({positions[id(v)] for v in E.free_vars(ld) if id(v) in positions})
+                      for ld in self.loads]
+        self.memo: dict[tuple, tuple[E.Expr, int | None, tuple]] = {}
+        self.vectorizable: dict[tuple, bool] = {}  # by the loads' coefficients of the vector variable
+
+    def at(self, values: tuple[int, ...], binding: dict) -> set | None:
+        """The keys of the contiguous operands at one point; None where the point's value is
+        not vector arithmetic."""
+        offsets: dict[int, E.Expr] = {}
+        coefficients = []
+        keys = set()
+        for n, (ld, reads) in enumerate(zip(self.loads, self.reads)):
+            key = (n, *[values[p] for p in reads])
+            known = self.memo.get(key)
+            if known is None:
+                point = E.substitute(ld, binding) if reads else ld
+                offset = self.simplifier.simplify(point.buffer.flat_index(point.indices))
+                known = self.memo[key] = (offset, index_coefficient(offset, self.vec_var), load_key(point, offset))
+            offsets[id(ld)] = known[0]
+            coefficients.append(known[1])
+            if known[1] == 1:
+                keys.add(known[2])
+        # whether the value is vector arithmetic depends on its loads only through these
+        shape = tuple(coefficients)
+        ok = self.vectorizable.get(shape)
+        if ok is None:
+            ok = self.vectorizable[shape] = _vectorizable(self.added, self.vec_var, offsets)
+        return keys if ok else None
+
+
 class _RegisterTiles(StmtRewriter):
     """Finds the update nests directly inside the allocation of a local accumulator."""
 
-    def __init__(self, vector_bytes: int, vector_registers: int):
+    def __init__(self, vector_bytes: int, vector_registers: int, analysis: bool = False):
         super().__init__()
         self.vector_bytes = vector_bytes
         self.vector_registers = vector_registers
+        self.analysis = analysis
 
     def allocate(self, s: ir.Allocate) -> ir.Stmt:
         if s.buffer.scope != "local":
@@ -221,7 +273,8 @@ class _RegisterTiles(StmtRewriter):
         for part in parts:
             tile = None
             if type(part) is ir.For:
-                tile = plan_register_tile(part, s.buffer, self.vector_bytes, self.vector_registers, self.ranges)
+                tile = plan_register_tile(part, s.buffer, self.vector_bytes, self.vector_registers, self.ranges,
+                                          self.analysis)
             out.append(tile if tile is not None else self.stmt(part))
         if all(a is b for a, b in zip(out, parts)):
             return s
@@ -234,3 +287,11 @@ def form_register_tiles(func: ir.PrimFunc, vector_bytes: int, vector_registers: 
     if vector_bytes < 16:
         return func
     return _RegisterTiles(vector_bytes, vector_registers).apply(func)
+
+
+def form_register_tiles_for_analysis(func: ir.PrimFunc, vector_bytes: int, vector_registers: int) -> ir.PrimFunc:
+    """`form_register_tiles` as analyses (the cost model's features) read it: the same tiles,
+    with the same loops kept, but without their vector statements; never printed."""
+    if vector_bytes < 16:
+        return func
+    return _RegisterTiles(vector_bytes, vector_registers, analysis=True).apply(func)

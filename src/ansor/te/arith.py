@@ -195,6 +195,7 @@ class Simplifier:
         self.ranges = ranges
         self._memo: dict[int, tuple[E.Expr, E.Expr]] = {}  # id(node) -> (node, simplified)
         self._linear: dict[int, tuple[E.Expr, Linear]] = {}  # id(simplified node) -> (node, form)
+        self._built: dict[tuple, E.Expr] = {}  # a form's terms (in order) and constant -> its node
 
     def simplify(self, expr: E.Expr) -> E.Expr:
         return self._go(expr)
@@ -221,9 +222,14 @@ class Simplifier:
         return (self._rebuilt(fixed.add(Linear({}, lo)), dtype), self._rebuilt(fixed.add(Linear({}, hi)), dtype))
 
     def _rebuilt(self, lin: Linear, dtype: str) -> E.Expr:
-        out = from_linear(lin, dtype)
-        self._linear[id(out)] = (out, lin)
-        self._memo[id(out)] = (out, out)  # canonical forms simplify to themselves
+        """The canonical node of a form; a form met again (the same terms in the same order,
+        so `from_linear` would build the same tree) gives the node built the first time."""
+        key = (dtype, lin.const, *[(k, t[1]) for k, t in lin.terms.items()])
+        out = self._built.get(key)
+        if out is None:
+            out = self._built[key] = from_linear(lin, dtype)
+            self._linear[id(out)] = (out, lin)
+            self._memo[id(out)] = (out, out)  # canonical forms simplify to themselves
         return out
 
     def _linear_of(self, node: E.Expr) -> Linear:
