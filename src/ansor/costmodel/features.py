@@ -228,7 +228,7 @@ class _Form:
 
     __slots__ = ("coefs", "atoms", "const", "vids", "_key")
 
-    def __init__(self, expr: E.Expr):
+    def __init__(self, expr: E.Expr, atom_vars: dict):
         coefs: dict[int, int] = {}
         atoms: list[tuple[E.Expr, int, frozenset]] = []
         const = 0
@@ -253,9 +253,9 @@ class _Form:
                 elif type(node.a) is E.Const:
                     stack.append((node.b, scale * node.a.value))
                 else:
-                    atoms.append(_atom(node, scale))
+                    atoms.append(_atom(node, scale, atom_vars))
             else:
-                atoms.append(_atom(node, scale))
+                atoms.append(_atom(node, scale, atom_vars))
         self.coefs = {k: c for k, c in coefs.items() if c} if 0 in coefs.values() else coefs
         self.atoms = atoms
         self.const = const
@@ -277,8 +277,13 @@ class _Form:
 _LINEAR_OPS = ("+", "-", "*")
 
 
-def _atom(node: E.Expr, scale: int) -> tuple[E.Expr, int, frozenset]:
-    return node, scale, frozenset(id(n) for n in E.walk(node) if isinstance(n, E.Var))
+def _atom(node: E.Expr, scale: int, known: dict) -> tuple[E.Expr, int, frozenset]:
+    """A non-linear term and the ids of its variables (`known`: by id(node), for atoms such as
+    a fused loop's `f // 7` that recur in many indices of a program)."""
+    vids = known.get(id(node))
+    if vids is None:
+        vids = known[id(node)] = frozenset(id(n) for n in E.walk(node) if isinstance(n, E.Var))
+    return node, scale, vids
 
 
 # ---------------------------------------------------------------------------------------------
@@ -381,6 +386,7 @@ class _Extractor:
         self.rows: dict[int, _Row] = {}  # id(buffer) -> row, in first-store order
         self.allocs: dict[int, tuple[float, float, float]] = {}
         self.forms: dict[int, _Form] = {}  # id(index expr) -> linear form
+        self.atom_vars: dict[int, frozenset] = {}  # id(non-linear index term) -> ids of its variables
         self.root_ctx: tuple | None = None
         self.is_gpu = False
 
@@ -456,7 +462,7 @@ class _Extractor:
         for e in indices:
             f = memo.get(id(e))
             if f is None:
-                f = memo[id(e)] = _Form(e)
+                f = memo[id(e)] = _Form(e, self.atom_vars)
             out.append(f)
         return tuple(out)
 

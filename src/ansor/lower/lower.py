@@ -209,6 +209,7 @@ class _Lowerer:
         relaxed = _RELAXED_BY_SCOPE.get(s.scope, frozenset())
         path_ids = {id(v) for v in path if self.annotation.get(id(v)) not in relaxed}
         per_dim: list[list[tuple[E.Expr, E.Expr]] | None] = [[] for _ in s.op.axes]
+        inner = None  # the ranges of the loops a consumer sweeps below the attach point
         for cid in st.consumers(sid):
             C = self.info.get(cid)
             if C is None or C.body is None:
@@ -222,7 +223,8 @@ class _Lowerer:
                     if per_dim[d] is None:
                         continue
                     value = self.simplifier.simplify(E.substitute(idx, self._axis_map(C)))
-                    inner = {k: r for k, r in self.ranges.items() if k not in path_ids}
+                    if inner is None:
+                        inner = {k: r for k, r in self.ranges.items() if k not in path_ids}
                     b = self.simplifier.bounds_over(value, inner)
                     per_dim[d] = None if b is None else per_dim[d] + [b]
         los, exts = [], []

@@ -144,9 +144,15 @@ def to_linear(expr: E.Expr) -> Linear:
     return Linear({atom_key(expr): (expr, 1)}, 0)
 
 
-def from_linear(lin: Linear, dtype: str = "int32") -> E.Expr:
-    """Rebuild an expression: positive terms first, in a stable order, then the constant."""
-    items = sorted(lin.terms.values(), key=lambda t: (t[1] < 0, _order_key(t[0])))
+def from_linear(lin: Linear, dtype: str = "int32", order_keys: dict | None = None) -> E.Expr:
+    """Rebuild an expression: positive terms first, in a stable order, then the constant.
+    `order_keys` keeps the sort keys of non-variable terms (by id) for the next call."""
+    items = lin.terms.values()
+    if len(items) > 1:
+        if order_keys is None:
+            items = sorted(items, key=lambda t: (t[1] < 0, _order_key(t[0])))
+        else:
+            items = sorted(items, key=lambda t: (t[1] < 0, _kept_order_key(t[0], order_keys)))
     out: Optional[E.Expr] = None
     for atom, coef in items:
         mag = abs(coef)
@@ -162,6 +168,15 @@ def from_linear(lin: Linear, dtype: str = "int32") -> E.Expr:
     elif lin.const < 0:
         out = E.BinOp("-", out, E.Const(-lin.const, dtype), dtype)
     return out
+
+
+def _kept_order_key(atom: E.Expr, kept: dict) -> str:
+    if isinstance(atom, E.Var):
+        return atom.name
+    known = kept.get(id(atom))
+    if known is None:
+        known = kept[id(atom)] = (atom, _order_key(atom))  # the atom is kept so that its id stays unique
+    return known[1]
 
 
 def _order_key(atom: E.Expr) -> str:
@@ -196,6 +211,7 @@ class Simplifier:
         self._memo: dict[int, tuple[E.Expr, E.Expr]] = {}  # id(node) -> (node, simplified)
         self._linear: dict[int, tuple[E.Expr, Linear]] = {}  # id(simplified node) -> (node, form)
         self._built: dict[tuple, E.Expr] = {}  # a form's terms (in order) and constant -> its node
+        self._order_keys: dict[int, tuple[E.Expr, str]] = {}  # for from_linear
 
     def simplify(self, expr: E.Expr) -> E.Expr:
         return self._go(expr)
@@ -227,7 +243,7 @@ class Simplifier:
         key = (dtype, lin.const, *[(k, t[1]) for k, t in lin.terms.items()])
         out = self._built.get(key)
         if out is None:
-            out = self._built[key] = from_linear(lin, dtype)
+            out = self._built[key] = from_linear(lin, dtype, self._order_keys)
             self._linear[id(out)] = (out, lin)
             self._memo[id(out)] = (out, out)  # canonical forms simplify to themselves
         return out

@@ -47,6 +47,9 @@ def is_index(dtype: str) -> bool:
     return dtype in INDEX_DTYPES
 
 
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
 def check_fits(value: int, dtype: str) -> int:
     """`value` when the integer type holds it; ValueError otherwise (a constant never wraps
     silently where a user wrote it)."""
@@ -365,6 +368,12 @@ def _unify(a: ExprLike, b: ExprLike) -> tuple[Expr, Expr, str]:
 def binary(op: str, a: ExprLike, b: ExprLike) -> Expr:
     """`a op b` for the arithmetic operators, operands unified to one dtype; `/` is for floats,
     `//` and `%` (floor semantics, as in Python) for integers, none for bools."""
+    if isinstance(a, Expr) and a.dtype == "int32" and op != "/":  # index arithmetic: what _unify gives
+        if isinstance(b, Expr):
+            if b.dtype == "int32":
+                return BinOp(op, a, b, "int32")
+        elif type(b) is int and _INT32_MIN <= b <= _INT32_MAX:
+            return BinOp(op, a, Const(b, "int32"), "int32")
     a, b, dtype = _unify(a, b)
     if dtype == "bool":
         raise TypeError(f"arithmetic {op!r} on bool expressions; use & | ~ for logic")
