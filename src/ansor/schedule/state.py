@@ -249,6 +249,9 @@ class State:
         return body
 
     def _expanded_body(self, stage_id: int) -> E.Expr:
+        body = self.stages[stage_id].op.body
+        if not any(self.stages[p].attach == "inline" for p in self.infos[stage_id].producers):
+            return body  # nothing inlined into it: the body as declared
         by_tensor = {id(s.tensor): s for s in self.stages}
 
         def expand(node: E.Expr):
@@ -259,7 +262,7 @@ class State:
                     return E.substitute(inner, dict(zip(p.op.axes, node.indices)))
             return None
 
-        return E.transform(self.stages[stage_id].op.body, expand)
+        return E.transform(body, expand)
 
     def attached_to(self, stage_name: str, iter_name: str | None = None) -> list[int]:
         return [i for i, s in enumerate(self.stages)

@@ -276,6 +276,22 @@ class Simplifier:
             return to_linear(atom)
         return Linear({atom_key(atom): (atom, 1)}, 0)
 
+    def _plus_zero(self, node: E.BinOp) -> E.Expr | None:
+        """`a + 0` or `a - 0` of a canonical `a` (a tile's index less a region that starts at 0)
+        is `a` itself, which the general path would rebuild: its form unchanged, no `%` term to
+        merge, the same node from `_rebuilt`. None for anything else."""
+        b = node.b
+        if node.op == "*" or type(b) is not E.Const or b.value != 0 or b.dtype not in _INT:
+            return None
+        a = node.a
+        known = self._linear.get(id(a))
+        if known is None or a.dtype != node.dtype:
+            return None
+        for atom, _ in known[1].terms.values():
+            if type(atom) is E.BinOp and atom.op == "%":
+                return None
+        return a
+
     def _merged_div_mod(self, lin: Linear) -> Linear:
         """k*(x % m) + k*m*(x // m) -> k*x. Splitting a division at a divisor of its divisor
         (`_split_at_divisor`) turns ((32*i + k) % 1024) + ((32*i + k) // 1024)*1024, which gcc
@@ -357,7 +373,9 @@ class Simplifier:
         if hit is not None:
             return hit[1]
         if type(node) is E.BinOp and node.op in _LINEAR_OPS and node.dtype in _INT:
-            result = self._rebuilt(self._merged_div_mod(self._flat_linear(node)), node.dtype)
+            result = self._plus_zero(node)
+            if result is None:
+                result = self._rebuilt(self._merged_div_mod(self._flat_linear(node)), node.dtype)
         else:
             kids = node.children()
             rebuilt = node
