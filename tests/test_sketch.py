@@ -210,6 +210,43 @@ def test_every_sketch_annotated_matches_numpy(name, tmp_path):
         assert r.error_no == MeasureErrorNo.NO_ERROR, f"{r.error_msg}\n{st}"
 
 
+def test_an_awkward_extent_is_also_tiled_padded_and_the_guarded_tail_matches_numpy(tmp_path):
+    """A prime extent (a ViT's 197 tokens, here 37) has no register-sized perfect tiling; its
+    draws also tile the next multiple of 8 (`padded_extent`), which lowering guards. Those
+    programs, and their tile-size mutations, compute the same as numpy."""
+    from ansor.schedule.steps import SplitStep
+    from ansor.search.annotate import padded_extent
+    from ansor.search.evolution import mutate_tile_size
+
+    assert [padded_extent(n) for n in (37, 197, 196, 13, 49, 1000)] == [40, 200, 196, 13, 49, 1000]
+    task = ansor.Task(make_task_tensors("matmul", (37, 20, 32)), name="matmul")
+    policy = SketchPolicy(task, seed=3)
+    rng = random.Random(5)
+
+    def padded(st) -> bool:
+        splits = [s for s in st.steps if isinstance(s, SplitStep) and s.extent == 37]
+        return any(37 % _product(s.lengths) and 40 % _product(s.lengths) == 0 for s in splits)
+
+    programs = [st for st in policy.sample(60) if padded(st)][:6]
+    assert len(programs) == 6
+    mutants = [m for m in (mutate_tile_size(st, rng, policy.params) for st in programs * 4) if m is not None]
+    programs += [m for m in mutants if padded(m)][:4]
+    sources = [generate_source(st, task.target, "kernel") for st in programs]
+    builds = Builder(cache_dir=tmp_path).build([src for src, _ in sources])
+    inputs = task.random_inputs(seed=0)
+    expected = task.reference_outputs(inputs)
+    for st, (src, fname), b in zip(programs, sources, builds):
+        assert b.error_no == MeasureErrorNo.NO_ERROR, b.error_msg
+        r = evaluate_kernel(b.lib_path, fname, inputs, expected, timing=_no_timing())
+        assert r.error_no == MeasureErrorNo.NO_ERROR, f"{r.error_msg}\n{st}"
+
+
+def _product(lengths) -> int:
+    out = 1
+    for n in lengths:
+        out *= n
+    return out
+
 def _no_timing():
     from ansor.measure import TimingPolicy
 

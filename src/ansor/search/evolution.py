@@ -18,7 +18,8 @@ import numpy as np
 from ansor.schedule.state import ScheduleError, State
 from ansor.schedule.steps import (AnnotateStep, ComputeAtStep, ComputeInlineStep, ComputeRootStep, FuseStep,
                                   PragmaStep, SplitStep, Step)
-from ansor.search.annotate import compute_location_candidates, divisors, location_is_free, multi_level_splits
+from ansor.search.annotate import (compute_location_candidates, divisors, location_is_free, multi_level_splits,
+                                   padded_extent)
 from ansor.search.core_use import idle_cores
 from ansor.search.params import SearchParams
 
@@ -70,13 +71,16 @@ def mutate_tile_size(state: State, rng: random.Random, params: SearchParams) -> 
 
 
 def _levels(step: SplitStep) -> list[int] | None:
-    """All levels of a perfect split, outermost (the implied one) first; None if not perfect."""
+    """All levels of a split that tiles its extent or its `padded_extent` perfectly, outermost
+    (the implied one) first; None otherwise. Moving factors between levels keeps the tiling
+    perfect."""
     prod = 1
     for n in step.lengths:
         prod *= n
-    if step.extent % prod:
-        return None
-    return [step.extent // prod, *step.lengths]
+    for extent in (step.extent, padded_extent(step.extent)):
+        if extent % prod == 0:
+            return [extent // prod, *step.lengths]
+    return None
 
 
 def mutate_tile_shape(state: State, rng: random.Random, params: SearchParams) -> State | None:
