@@ -372,6 +372,28 @@ def test_close_leaves_no_process(float_task, libs) -> None:
     assert runner.worker_pid is None and not _alive(pid)
 
 
+def test_close_stops_the_worker_even_while_a_forked_process_holds_the_pipe(float_task, libs) -> None:
+    """A process forked after the worker started (the search's workers are) holds a copy of the
+    pipe's parent end, so closing it sends the worker no end of file: close asks it to stop, and
+    it exits by itself rather than being killed."""
+    import os
+    import signal
+
+    runner = Runner(timing=ONE_CALL)
+    runner.set_task(*float_task)
+    assert_ok(runner.run(libs["add"], "add"), ONE_CALL)
+    process = runner._process
+    holder = os.fork()
+    if holder == 0:  # the copy of every descriptor stays open while this child sleeps
+        signal.pause()
+        os._exit(0)
+    try:
+        runner.close()
+        assert process.returncode == 0  # exited on its own; a killed worker has -SIGKILL
+    finally:
+        os.kill(holder, signal.SIGKILL)
+        os.waitpid(holder, 0)
+
 def test_time_function_in_process(float_task, libs) -> None:
     inputs, expected = float_task
     out = np.zeros_like(expected[0])

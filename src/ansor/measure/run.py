@@ -289,10 +289,17 @@ class Runner:
         return parent_conn
 
     def _stop_worker(self, kill: bool = False) -> int | None:
-        """Stop the worker (closing its pipe asks it to exit; kill if it does not) and reap it."""
+        """Stop the worker (a None request asks it to exit; kill if it does not) and reap it.
+        Closing the pipe alone would not end it while a process forked meanwhile holds a copy
+        of this end: each close then waited out the timeout (a second per task of a model)."""
         process, conn = self._process, self._conn
         self._process = self._conn = None
         if conn is not None:
+            if not kill:
+                try:
+                    conn.send(None)
+                except OSError:  # the worker is gone already
+                    pass
             conn.close()
         if process is None:
             return None

@@ -38,7 +38,9 @@ class _TaskArrays:
 
 
 def serve(conn: Connection) -> None:
-    """Answer run requests until the parent closes the pipe."""
+    """Answer run requests until the parent sends None (its request to stop) or closes the
+    pipe. A closed pipe alone reaches the worker only once every copy of the parent's end is
+    closed, and processes forked by the parent meanwhile (the search's workers) hold copies."""
     task = _TaskArrays()
     try:
         conn.send("ready")
@@ -48,6 +50,8 @@ def serve(conn: Connection) -> None:
         try:
             request = conn.recv()
         except (EOFError, OSError):
+            return
+        if request is None:
             return
         start = time.perf_counter()
         try:
