@@ -383,21 +383,30 @@ def test_scoring_programs_makes_no_reference_cycles(name):
 
     task = make_task(name, {"matmul": (64, 64, 64), "conv2d": (1, 8, 12, 12, 8, 3, 3),
                             "layer_norm_gelu": (64, 96)}[name])
-    policy = SketchPolicy(task, seed=3, params={"search_workers": 1})
-    rng = random.Random(0)
-    gc.collect()
-    with collector_paused():
-        assert not gc.isenabled()
-        states = policy.sample(20, set())
-        for st in states:
-            program_features(st)
-            child = mutate_tile_size(st, rng, policy.params)
-            if child is not None:
-                program_features(child)
-                child.key()
-        del states, st, child
-        ours = ansor_cycles()
-    assert gc.isenabled()
+
+    def scored_once() -> list:
+        policy = SketchPolicy(task, seed=3, params={"search_workers": 1})
+        rng = random.Random(0)
+        gc.collect()
+        with collector_paused():
+            assert not gc.isenabled()
+            states = policy.sample(20, set())
+            for st in states:
+                program_features(st)
+                child = mutate_tile_size(st, rng, policy.params)
+                if child is not None:
+                    program_features(child)
+                    child.key()
+            del states, st, child, policy
+            ours = ansor_cycles()
+        assert gc.isenabled()
+        return ours
+
+    # The same seeded work twice: a cycle it makes is found both times; ansor objects that a
+    # background thread of an earlier test (a cluster client's) drops meanwhile are not
+    ours = scored_once()
+    if ours:
+        ours = scored_once()
     assert not ours, ours[:5]
 
 
