@@ -4,6 +4,7 @@ randomly annotated many times, computes what numpy computes."""
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import re
 
@@ -200,14 +201,7 @@ def test_every_sketch_annotated_matches_numpy(name, tmp_path):
                 programs.append(st)
                 made += 1
         assert made == ANNOTATIONS_PER_SKETCH, f"{name}: sketch {sketch.history} rarely annotates"
-    sources = [generate_source(st, task.target, "kernel") for st in programs]
-    builds = Builder(cache_dir=tmp_path).build([src for src, _ in sources])
-    inputs = task.random_inputs(seed=0)
-    expected = task.reference_outputs(inputs)
-    for st, (src, fname), b in zip(programs, sources, builds):
-        assert b.error_no == MeasureErrorNo.NO_ERROR, b.error_msg
-        r = evaluate_kernel(b.lib_path, fname, inputs, expected, timing=_no_timing())
-        assert r.error_no == MeasureErrorNo.NO_ERROR, f"{r.error_msg}\n{st}"
+    assert_programs_match_numpy(task, programs, tmp_path)
 
 
 def test_an_awkward_extent_is_also_tiled_padded_and_the_guarded_tail_matches_numpy(tmp_path):
@@ -225,12 +219,17 @@ def test_an_awkward_extent_is_also_tiled_padded_and_the_guarded_tail_matches_num
 
     def padded(st) -> bool:
         splits = [s for s in st.steps if isinstance(s, SplitStep) and s.extent == 37]
-        return any(37 % _product(s.lengths) and 40 % _product(s.lengths) == 0 for s in splits)
+        return any(37 % math.prod(s.lengths) and 40 % math.prod(s.lengths) == 0 for s in splits)
 
     programs = [st for st in policy.sample(60) if padded(st)][:6]
     assert len(programs) == 6
     mutants = [m for m in (mutate_tile_size(st, rng, policy.params) for st in programs * 4) if m is not None]
     programs += [m for m in mutants if padded(m)][:4]
+    assert_programs_match_numpy(task, programs, tmp_path)
+
+
+def assert_programs_match_numpy(task, programs, tmp_path) -> None:
+    """Compile every program and check its outputs against the task's numpy reference."""
     sources = [generate_source(st, task.target, "kernel") for st in programs]
     builds = Builder(cache_dir=tmp_path).build([src for src, _ in sources])
     inputs = task.random_inputs(seed=0)
@@ -239,13 +238,6 @@ def test_an_awkward_extent_is_also_tiled_padded_and_the_guarded_tail_matches_num
         assert b.error_no == MeasureErrorNo.NO_ERROR, b.error_msg
         r = evaluate_kernel(b.lib_path, fname, inputs, expected, timing=_no_timing())
         assert r.error_no == MeasureErrorNo.NO_ERROR, f"{r.error_msg}\n{st}"
-
-
-def _product(lengths) -> int:
-    out = 1
-    for n in lengths:
-        out *= n
-    return out
 
 def _no_timing():
     from ansor.measure import TimingPolicy
