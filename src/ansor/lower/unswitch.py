@@ -42,17 +42,8 @@ def _comparisons(cond: E.Expr) -> list[E.Compare] | None:
 
 
 def _guards(value: E.Expr) -> list[E.Select]:
-    """The selects of a stored value that are bounds checks (conditions on integers only), in
-    the order `E.walk` meets them (a plain stack: this runs on every stored value)."""
-    out, stack = [], [value]
-    while stack:
-        n = stack.pop()
-        if type(n) is E.Select and _comparisons(n.cond) is not None:
-            out.append(n)
-        kids = n.children()
-        if kids:
-            stack.extend(reversed(kids))
-    return out
+    """The selects of a stored value that are bounds checks (conditions on integers only)."""
+    return [n for n in E.walk(value) if type(n) is E.Select and _comparisons(n.cond) is not None]
 
 
 def _holds_throughout(cmp: E.Compare, inner: dict) -> E.Expr | None:
