@@ -49,8 +49,8 @@ def padded_extent(extent: int) -> int:
     or, for one above 16 with no divisor from 4 to 16 (a prime sequence length such as a ViT's
     197 tokens), the next multiple of 8. Such an extent's only perfect tilings are 1 and
     itself, so a matmul over it gets register tiles one row high (one broadcast operand per
-    vector of the other: too little reuse); tiling 200 instead lets the rows come 4 or 8 at a time. The loop past the
-    extent is guarded (lowering guards every non-divisible split)."""
+    vector of the other: too little reuse); tiling 200 instead lets the rows come 4 or 8 at a
+    time. The loop past the extent is guarded (lowering guards every non-divisible split)."""
     if extent <= 16 or any(4 <= d <= 16 for d in divisors(extent)):
         return extent
     return -(-extent // 8) * 8
