@@ -130,3 +130,25 @@ def test_without_a_gpu_the_setup_error_is_said(model_and_torch, tmp_path):
     model, _, _ = model_and_torch
     with pytest.raises(CudaModelError, match="setting up failed"):
         model.load(model.compile(tmp_path / "model.so"))
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+def test_a_float16_model_sums_in_float32_and_runs_equal_to_pytorch(tmp_path):
+    """A half model (`net.half()`): its convolutions and linear layer accumulate in float32 and
+    round once (graph/half_precision.py SUMMING_OPS), as PyTorch computes them; te refuses a
+    float16 running sum, so without that rule the model has no CUDA kernels at all."""
+    torch.manual_seed(0)
+    net = ConvReluLinear().eval().half()
+    x = torch.randn(1, 3, 6, 6).half()
+    model = ansor.build(from_torch(net, (x,)), database=str(tmp_path / "empty.db"), target=Target.cuda("sm_90"),
+                        verbose=False, winograd=False)
+    assert "__half" in model.source
+    model.load(_emulated_library(model.source, tmp_path))
+    try:
+        got = model(x.numpy())
+        assert got.dtype == np.float16
+        want = net.float()(x.float()).detach().numpy()  # float32 throughout: the halves' ideal
+        np.testing.assert_allclose(got.astype(np.float32), want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
+        assert model.check().ok
+    finally:
+        model.release()

@@ -26,9 +26,21 @@ from ansor.te import expr as E
 from ansor.te.tensor import Tensor
 
 #: the storage types whose operators compute in float32. float16 graphs keep their per-operation
-#: rounding (ONNX's reference outputs for float16 are computed that way)
+#: rounding (ONNX's reference outputs for float16 are computed that way), except in `SUMMING_OPS`
 HALF_FLOAT_DTYPES = frozenset(("bfloat16",))
+#: the types a widened node reads as float32 and rounds its result back to
+WIDENED_DTYPES = frozenset(("bfloat16", "float16"))
 COMPUTE_DTYPE = "float32"
+
+#: operators that sum many values: in float16 they too accumulate in float32 and round once, as
+#: PyTorch, cuDNN and numpy (its float16 dot product and mean) compute them; a float16 running
+#: sum loses a unit in the last place every few hundred terms, and te refuses one. Softmax and
+#: layer norm keep their per-operation rounding in float16 (ONNX's reference outputs for them
+#: are computed so), and a float16 graph's kernels run them on the reference executor
+SUMMING_OPS = frozenset({
+    "conv2d", "winograd_input", "winograd_output", "linear", "matmul", "mean",
+    "avg_pool2d", "adaptive_avg_pool2d",
+})
 
 #: operators whose result is one of their operands' values (or a conversion, `cast`): exact in
 #: any type, so widening them would only spend bandwidth
@@ -48,12 +60,13 @@ def widened(node: Node, graph: Graph) -> bool:
     """Whether `node` of `graph` computes in float32 on half-float operands (module docstring)."""
     if node.op in EXACT_OPS:
         return False
-    return any(graph.type_of(name).dtype in HALF_FLOAT_DTYPES for name in (*node.inputs, node.output))
+    dtypes = HALF_FLOAT_DTYPES | {"float16"} if node.op in SUMMING_OPS else HALF_FLOAT_DTYPES
+    return any(graph.type_of(name).dtype in dtypes for name in (*node.inputs, node.output))
 
 
 def compute_type(t: TensorType) -> TensorType:
     """The type a widened node computes `t` in: float32 for a half float, else `t`."""
-    return TensorType(t.shape, COMPUTE_DTYPE) if t.dtype in HALF_FLOAT_DTYPES else t
+    return TensorType(t.shape, COMPUTE_DTYPE) if t.dtype in WIDENED_DTYPES else t
 
 
 class Float32View(Tensor):
@@ -78,7 +91,7 @@ class Float32View(Tensor):
 
 def widen_value(value: Tensor | E.Expr) -> Tensor | E.Expr:
     """A te operand of a widened node as float32 (a tensor as a `Float32View`, a literal cast)."""
-    if value.dtype not in HALF_FLOAT_DTYPES:
+    if value.dtype not in WIDENED_DTYPES:
         return value
     return Float32View(value) if isinstance(value, Tensor) else E.cast(value, COMPUTE_DTYPE)
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ansor.graph.half_precision import COMPUTE_DTYPE, HALF_FLOAT_DTYPES, widened
+from ansor.graph.half_precision import COMPUTE_DTYPE, HALF_FLOAT_DTYPES, WIDENED_DTYPES, widened
 from ansor.graph.ir import Graph, GraphError, Node
 from ansor.graph.ops import conv_padding4
 from ansor.te import winograd
@@ -555,13 +555,13 @@ def run_node(graph: Graph, node: Node, args: list[np.ndarray]) -> np.ndarray:
         check_indices(node, position, np.asarray(args[position]), size, negative)
     widen = widened(node, graph)
     if widen:  # half floats computed in float32, rounded once (graph/half_precision.py)
-        args = [np.asarray(a).astype(COMPUTE_DTYPE) if str(np.asarray(a).dtype) in HALF_FLOAT_DTYPES
+        args = [np.asarray(a).astype(COMPUTE_DTYPE) if str(np.asarray(a).dtype) in WIDENED_DTYPES
                 else a for a in args]
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         y = KERNELS[node.op](args, attrs)
     if channels_last:
         y = np.ascontiguousarray(np.asarray(y).transpose(0, 2, 3, 1))
-    if widen and out_type.dtype in HALF_FLOAT_DTYPES:
+    if widen and out_type.dtype in WIDENED_DTYPES:
         y = cast_array(np.asarray(y, dtype=COMPUTE_DTYPE), out_type.dtype)
     y = np.asarray(y, dtype=out_type.dtype)
     if y.shape != out_type.shape:
