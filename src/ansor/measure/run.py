@@ -26,6 +26,7 @@ import numpy as np
 
 from .check import BFLOAT16, check_outputs, unwritten_like
 from .errors import FAILED_COST, MeasureErrorNo
+from .input_copies import InputCopies
 from .library import KernelLibrary
 from ansor.memory import aligned_copy
 from .timing import TimingPolicy, measure_costs
@@ -71,6 +72,7 @@ def evaluate_kernel(
     rtol: float | None = None,
     atol: float | None = None,
     loader: Callable[[str, str], Any] = KernelLibrary,
+    input_copies: InputCopies | None = None,
 ) -> RunResult:
     """Load a kernel, run it once, check its outputs against `expected`, then time it.
 
@@ -79,7 +81,11 @@ def evaluate_kernel(
     candidate's check. All are 64-byte aligned, so every candidate is timed on equally aligned
     data. Every failure is returned as a result, never raised. `loader` opens the built program
     (a GPU loader follows KernelLibrary's interface: call, timed, prepack, packed_buffers, close).
+    `input_copies`: copies of these `inputs` kept between programs of one task, for a policy
+    with `cold_bytes` to cycle through (`measure_costs`).
     """
+    if input_copies is not None and not input_copies.holds(inputs):
+        raise ValueError("evaluate_kernel: input_copies were made from other inputs than these")
     start = time.perf_counter()
     try:
         kernel = loader(lib_path, func_name)
@@ -98,7 +104,8 @@ def evaluate_kernel(
         mismatch = check_outputs(outputs, expected, rtol, atol)
         if mismatch is not None:
             return _failure(MeasureErrorNo.WRONG_ANSWER, mismatch, start)
-        costs = measure_costs(kernel, buffers, timing, warmed_up=True, n_inputs=len(inputs))
+        costs = measure_costs(kernel, buffers, timing, warmed_up=True, n_inputs=len(inputs),
+                              input_copies=input_copies)
     except Exception as err:  # noqa: BLE001 - every failure becomes a record
         return _failure(MeasureErrorNo.RUNTIME_DEVICE, f"{type(err).__name__}: {err}", start)
     finally:

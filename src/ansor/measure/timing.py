@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from .input_copies import InputCopies
 from .library import KernelLibrary
 
 FLUSH_BYTES = 32 * 1024 * 1024  # larger than the last-level cache of the CPUs we target
@@ -68,16 +69,21 @@ def flush_cpu_cache() -> None:
 
 def measure_costs(
     kernel: KernelLibrary, buffers: Sequence[np.ndarray], policy: TimingPolicy, warmed_up: bool = False,
-    n_inputs: int | None = None,
+    n_inputs: int | None = None, input_copies: InputCopies | None = None,
 ) -> tuple[float, ...]:
     """Seconds per call, one value per repeat, following `policy`; `warmed_up` says the caller
     has just run the kernel (e.g. to check it), which then serves as the warm-up. `n_inputs`:
     how many of `buffers` are inputs (the rest are outputs, then packed buffers); the inputs
     and packed buffers are what `policy.cold_bytes` cycles through (None: every buffer but the
-    last)."""
+    last). `input_copies`: the task's input copies kept from its earlier programs, to cycle
+    through instead of new ones (dropped if this kernel writes into its inputs)."""
     if policy.cold_bytes > 0 and hasattr(kernel, "fixed_call"):
-        rotation = RotatedCalls(kernel, buffers, policy.cold_bytes, n_inputs)  # type: ignore[arg-type]
-        return measure_costs(rotation, [], replace(policy, cold_bytes=0, number=1), warmed_up=False)
+        rotation = RotatedCalls(kernel, buffers, policy.cold_bytes, n_inputs, input_copies)  # type: ignore[arg-type]
+        try:
+            return measure_costs(rotation, [], replace(policy, cold_bytes=0, number=1), warmed_up=False)
+        finally:
+            if rotation.input_copies is not None:
+                rotation.input_copies.keep_if_unchanged(buffers[:rotation.n_inputs])
     if policy.flush_cache:
         for _ in range(policy.warmup):
             flush_cpu_cache()
@@ -147,10 +153,12 @@ class RotatedCalls:
     on from the copy where the last call stopped, and `__call__` runs one call. A repeat is
     never rounded up to whole rounds: a slow kernel with many copies would otherwise spend a
     whole round (tens of calls) on every probe and repeat. The outputs are shared by every
-    copy, as a model's planned buffer is."""
+    copy, as a model's planned buffer is. The first copy is `buffers` itself; the others come
+    from `input_copies` when it holds this task's inputs (`InputCopies`: kept between the
+    task's programs), else they are made here."""
 
     def __init__(self, kernel: KernelLibrary, buffers: Sequence[np.ndarray], cold_bytes: int,
-                 n_inputs: int | None = None) -> None:
+                 n_inputs: int | None = None, input_copies: InputCopies | None = None) -> None:
         from ansor.memory import aligned_copy
         from .sequence import KernelSequence
 
@@ -159,12 +167,19 @@ class RotatedCalls:
         rotated = [i for i in range(len(buffers)) if i < n_in or i >= packed_from]
         set_bytes = max(1, sum(buffers[i].nbytes for i in rotated))
         self.copies = max(2, min(MAX_COPIES, -(-cold_bytes // set_bytes) + 1))
+        self.n_inputs = n_in
+        if input_copies is not None and not input_copies.fits(buffers[:n_in]):
+            input_copies = None  # not this task's inputs: copies of its own, as without a cache
+        self.input_copies = input_copies
         sets = [list(buffers)]
-        for _ in range(self.copies - 1):
-            copy = list(buffers)
-            for i in rotated:
-                copy[i] = aligned_copy(buffers[i])
-            sets.append(copy)
+        if input_copies is not None:
+            sets += input_copies.rotated_sets(buffers, n_in, packed_from, self.copies - 1)
+        else:
+            for _ in range(self.copies - 1):
+                copy = list(buffers)
+                for i in rotated:
+                    copy[i] = aligned_copy(buffers[i])
+                sets.append(copy)
         calls = [kernel.fixed_call(s) for s in sets]  # each holds its buffers alive
         self._calls = calls
         self._sequence = KernelSequence([(c.address, c.pointers) for c in calls])

@@ -16,38 +16,62 @@ import numpy as np
 from ansor.process_lifetime import bind_to_parent
 
 from .errors import MeasureErrorNo
+from .input_copies import InputCopies
 from .library import KernelLibrary
 from .run import RunRequest, RunResult, evaluate_kernel, load_array
 
 
-class _TaskArrays:
-    """The current task's inputs and references, loaded once and reused for every run."""
+#: A worker that waits this long for its next run frees its task's input copies: the programs
+#: of a batch follow each other at once, while a model's other tasks (each with its worker)
+#: take their turns meanwhile, and their workers would otherwise all hold their copies.
+IDLE_RELEASE_SECONDS = 1.0
+
+
+class TaskArrays:
+    """The current task's inputs and references, loaded once and reused for every run, and
+    the copies of its inputs that its programs are timed on (`InputCopies`, made when a
+    program first needs them; freed when the task changes)."""
 
     def __init__(self) -> None:
         self.key: str | None = None
         self.inputs: list[np.ndarray] = []
         self.expected: list[np.ndarray] = []
+        self.copies: InputCopies | None = None
 
     def load(self, request: RunRequest) -> None:
         if request.task_key == self.key:
             return
         self.key = None
+        self.release_copies()
         self.inputs = [load_array(path) for path in request.input_paths]
         self.expected = [load_array(path) for path in request.expected_paths]
+        self.copies = InputCopies(self.inputs)
         self.key = request.task_key
 
+    def holds_copies(self) -> bool:
+        return self.copies is not None and self.copies.nbytes > 0
 
-def serve(conn: Connection) -> None:
+    def release_copies(self) -> None:
+        """Free the input copies (they are made again when a program needs them)."""
+        if self.copies is not None:
+            self.copies.clear()
+
+
+def serve(conn: Connection, task: TaskArrays | None = None,
+          idle_release: float = IDLE_RELEASE_SECONDS) -> None:
     """Answer run requests until the parent sends None (its request to stop) or closes the
     pipe. A closed pipe alone reaches the worker only once every copy of the parent's end is
-    closed, and processes forked by the parent meanwhile (the search's workers) hold copies."""
-    task = _TaskArrays()
+    closed, and processes forked by the parent meanwhile (the search's workers) hold copies.
+    The task's input copies are freed after `idle_release` seconds without a request."""
+    task = task if task is not None else TaskArrays()
     try:
         conn.send("ready")
     except OSError:  # the parent stopped waiting (interrupted while the worker started)
         return
     while True:
         try:
+            if task.holds_copies() and not conn.poll(idle_release):
+                task.release_copies()
             request = conn.recv()
         except (EOFError, OSError):
             return
@@ -59,6 +83,7 @@ def serve(conn: Connection) -> None:
             result = evaluate_kernel(
                 request.lib_path, request.func_name, task.inputs, task.expected,
                 request.timing, request.rtol, request.atol, request.loader or KernelLibrary,
+                task.copies,
             )
         except Exception:  # noqa: BLE001 - report, and stay alive for the next run
             message = traceback.format_exc(limit=3)
