@@ -3,10 +3,11 @@
 A kernel timed "as in a model" (`TimingPolicy.cold_bytes`) cycles through copies of its inputs
 and packed buffers spanning up to twice the last-level cache (`timing.RotatedCalls`). Every
 program of a task reads the same inputs; only its packed buffers (its own weight layout) are
-its own. Making all the copies anew for each program cost most of the setup of a measurement,
-and most of that was the page faults of fresh memory, not the copying. `InputCopies` keeps the
-input copies of one task alive between its programs, and the memory of the packed copies too:
-a new program only copies its packed buffers into memory that is already mapped.
+its own. Making all the copies anew for each program cost the copying and the page faults of
+whatever memory the allocator did not reuse (about 5 ms a program of ResNet-18's tasks;
+BENCHMARKS.md). `InputCopies` keeps the input copies of one task alive between its programs,
+and the memory of the packed copies too: a new program only copies its packed buffers into
+memory that is already mapped.
 
 What is timed does not change: the same calls on the same number of distinct copies, each
 holding the task's inputs as they were given (a program that writes into its inputs drops the
