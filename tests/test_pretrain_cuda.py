@@ -32,7 +32,8 @@ def _trees(model: XGBModel) -> int:
 def test_a_cuda_job_starts_from_the_cuda_model_and_a_cpu_job_from_the_cpu_one():
     info = provenance("cuda")
     assert info is not None and info["target"] == "cuda-sm_90" and "H100" in info["machine"]
-    assert {r["file"]: r["records"] for r in info["record_files"]} == {RECORD_FILES[0]: 516, RECORD_FILES[1]: 800}
+    assert {r["file"]: r["records"] for r in info["record_files"]} == {
+        RECORD_FILES[0]: 516, RECORD_FILES[1]: 800, "r18_half_records.jsonl": 131}  # + a half ResNet-18's tasks
     assert model_file("cuda").stat().st_size < 2_000_000
     with open_store(":memory:")[0] as store:
         cuda = shared_cost_model([make_task("matmul", (256, 256, 256), target=Target.cuda("sm_90"))],
