@@ -395,13 +395,13 @@ def test_a_model_without_records_gets_chosen_programs_and_a_second_build_searche
     x = torch.randn(1, 3, 8, 8)
     graph = ansor.graph.from_torch(model, (x,))
     db = str(tmp_path / "fresh.db")
-    first = ansor.build(graph, database=db, quick_seconds=120, verbose=False)
+    first = ansor.build(graph, database=db, quick_seconds=8, verbose=False)
     assert all(k.record is not None for k in first.kernels.values())
     with torch.no_grad():
         assert rel_err(first(x.numpy()), model(x).numpy()) < TOLERANCE
     recorded = len(ansor.Database(db).records())
     assert recorded >= len(first.kernels)
-    second = ansor.build(graph, database=db, quick_seconds=120, verbose=False)
+    second = ansor.build(graph, database=db, quick_seconds=8, verbose=False)
     assert len(ansor.Database(db).records()) == recorded
     assert [k.record for k in second.kernels.values()] == [k.record for k in first.kernels.values()]
     untouched = ansor.build(graph, database=str(tmp_path / "other.db"), quick_seconds=0, verbose=False)
