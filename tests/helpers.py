@@ -256,3 +256,14 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in [
     Operator("max_pool2d", _max_pool2d, lambda x: np_max_pool2d(x, 3, 2, 1)),
     Operator("elementwise_chain", _elementwise_chain, _np_chain),
 ]}
+
+
+def built_libraries(builder: Builder, sources: dict[str, str]) -> dict[str, str]:
+    """Each named C source built (in one parallel batch), as {name: library path}; a source
+    that does not build fails the test that asked for it."""
+    from ansor.measure import MeasureErrorNo
+
+    results = builder.build(list(sources.values()))
+    for name, result in zip(sources, results):
+        assert result.error_no == MeasureErrorNo.NO_ERROR, (name, result.error_msg)
+    return {name: result.lib_path for name, result in zip(sources, results)}

@@ -8,6 +8,7 @@ from multiprocessing.connection import Pipe
 
 import numpy as np
 import pytest
+from helpers import built_libraries
 
 from ansor.measure import Builder, MeasureErrorNo, TimingPolicy, evaluate_kernel
 from ansor.measure.input_copies import InputCopies
@@ -58,11 +59,7 @@ void writes_input(void* arg0, void* arg1, void* arg2) {{
 
 @pytest.fixture(scope="module")
 def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    builder = Builder(cache_dir=tmp_path_factory.mktemp("build-cache"), n_parallel=2)
-    results = builder.build(list(SOURCES.values()))
-    for name, result in zip(SOURCES, results):
-        assert result.error_no == MeasureErrorNo.NO_ERROR, (name, result.error_msg)
-    return {name: result.lib_path for name, result in zip(SOURCES, results)}
+    return built_libraries(Builder(cache_dir=tmp_path_factory.mktemp("build-cache"), n_parallel=2), SOURCES)
 
 
 @pytest.fixture(scope="module")

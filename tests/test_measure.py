@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import built_libraries
 
 from ansor.measure import (
     DEFAULT_CFLAGS,
@@ -95,10 +96,7 @@ def libs(builder: Builder) -> dict[str, str]:
         "add": ADD, "add_untimed": ADD_UNTIMED, "wrong": WRONG, "no_write": NO_WRITE, "aligned_only": ALIGNED_ONLY,
         "int_add": INT_ADD, "segfault": SEGFAULT, "abort": ABORT, "hang": HANG,
     }
-    results = builder.build(list(sources.values()))
-    for name, result in zip(sources, results):
-        assert result.error_no == MeasureErrorNo.NO_ERROR, (name, result.error_msg)
-    return {name: result.lib_path for name, result in zip(sources, results)}
+    return built_libraries(builder, sources)
 
 
 @pytest.fixture(scope="module")
