@@ -134,7 +134,7 @@ def run_on_gpu(args) -> list[dict]:
     module, x = make_model(args.model, args.dtype)
     model = build(args, from_torch(module, (x,)))
     print(model.summary())
-    got = model(x.numpy()).astype(np.float32)                       # compiled by nvcc, loaded, input uploaded
+    got = model(x.numpy()).astype(np.float32)  # compiled by nvcc, loaded, input uploaded
     cuda_module, cuda_x = module.cuda(), x.cuda()
     with torch.no_grad():
         want = cuda_module(cuda_x).float().cpu().numpy()
