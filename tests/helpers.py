@@ -267,3 +267,12 @@ def built_libraries(builder: Builder, sources: dict[str, str]) -> dict[str, str]
     for name, result in zip(sources, results):
         assert result.error_no == MeasureErrorNo.NO_ERROR, (name, result.error_msg)
     return {name: result.lib_path for name, result in zip(sources, results)}
+
+
+def vector_add_arrays(n: int, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Inputs and expected output of an elementwise float32 `a + b` of n values, seeded: the
+    task the measurement tests' C kernels compute."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(n, dtype=np.float32)
+    b = rng.standard_normal(n, dtype=np.float32)
+    return [a, b], [a + b]

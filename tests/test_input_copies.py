@@ -8,7 +8,7 @@ from multiprocessing.connection import Pipe
 
 import numpy as np
 import pytest
-from helpers import built_libraries
+from helpers import built_libraries, vector_add_arrays
 
 from ansor.measure import Builder, MeasureErrorNo, TimingPolicy, evaluate_kernel
 from ansor.measure.input_copies import InputCopies
@@ -64,10 +64,7 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def task() -> tuple[list[np.ndarray], list[np.ndarray]]:
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal(N, dtype=np.float32)
-    b = rng.standard_normal(N, dtype=np.float32)
-    return [a, b], [a + b]
+    return vector_add_arrays(N)
 
 
 SET_BYTES = 2 * N * 4  # the inputs of one copy

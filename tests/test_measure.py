@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import built_libraries
+from helpers import built_libraries, vector_add_arrays
 
 from ansor.measure import (
     DEFAULT_CFLAGS,
@@ -101,10 +101,7 @@ def libs(builder: Builder) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def float_task() -> tuple[list[np.ndarray], list[np.ndarray]]:
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal(N, dtype=np.float32)
-    b = rng.standard_normal(N, dtype=np.float32)
-    return [a, b], [a + b]
+    return vector_add_arrays(N)
 
 
 @pytest.fixture(scope="module")

@@ -60,7 +60,7 @@ def widened(node: Node, graph: Graph) -> bool:
     """Whether `node` of `graph` computes in float32 on half-float operands (module docstring)."""
     if node.op in EXACT_OPS:
         return False
-    dtypes = HALF_FLOAT_DTYPES | {"float16"} if node.op in SUMMING_OPS else HALF_FLOAT_DTYPES
+    dtypes = WIDENED_DTYPES if node.op in SUMMING_OPS else HALF_FLOAT_DTYPES
     return any(graph.type_of(name).dtype in dtypes for name in (*node.inputs, node.output))
 
 

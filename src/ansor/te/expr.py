@@ -47,7 +47,7 @@ def is_index(dtype: str) -> bool:
     return dtype in INDEX_DTYPES
 
 
-_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+_INT32_MIN, _INT32_MAX = int_range("int32")  # bounds of the int32 fast path in `binary`
 
 
 def check_fits(value: int, dtype: str) -> int:

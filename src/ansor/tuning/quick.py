@@ -95,9 +95,9 @@ def build_task(task: Task, store: RecordStore | None = None, state: State | None
 MODEL_QUICK_SECONDS = 120.0
 #: Programs per task in a model's quick build at most: its default schedule and the model's 3
 #: best, then (time allowing) laps of 4 more chosen by the model refitted on every task's
-#: timings. A large model's build runs out of seconds after one or two laps (ResNet-18's 23
-#: tasks: 8 programs each in 94 s); a small one keeps improving its tasks until its seconds
-#: are spent instead of stopping early with programs picked on two laps of timings.
+#: timings. A large model's build runs out of seconds after one or two laps; a small one
+#: keeps improving its tasks until its seconds are spent instead of stopping early with
+#: programs picked on two laps of timings (BENCHMARKS.md, "A model's first build").
 MODEL_QUICK_PROGRAMS = 32
 #: Programs per task in one lap over the model's tasks.
 MODEL_QUICK_LAP = 4
