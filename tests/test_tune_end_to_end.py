@@ -289,10 +289,33 @@ def test_programs_far_slower_than_the_best_get_one_repeat(tmp_path):
     off = ProgramMeasurer(task, best_cost=result.cost, one_repeat_factor=0)
     try:
         assert again._timing().one_repeat_above == pytest.approx(ONE_REPEAT_FACTOR * result.cost)
-        assert off._timing() is None
+        assert off._timing().one_repeat_above == 0
     finally:
         again.close()
         off.close()
+
+
+def test_a_search_times_with_shorter_repeats_and_a_confirmation_with_the_full_policy():
+    from ansor.tuning.measurer import SEARCH_REPEAT_MS, ProgramMeasurer
+    from ansor.schedule.state import State
+    from ansor.workloads import make_task
+
+    task = make_task("matmul", (16, 16, 16))
+    m = ProgramMeasurer(task, timing=TimingPolicy(min_repeat_ms=4 * SEARCH_REPEAT_MS, repeat=2))
+    short = ProgramMeasurer(task, timing=TimingPolicy(min_repeat_ms=1.0, repeat=2))
+    try:
+        assert m._timing().min_repeat_ms == SEARCH_REPEAT_MS
+        assert m._timing(full=True) is None
+        assert short._timing() is None  # a policy already shorter is kept as it is
+        policies = []
+        run = m.runner.run
+        m.runner.run = lambda lib, entry, timing=None: policies.append(timing or m.runner.timing) or run(lib, entry, timing)
+        searched, confirmed = (m.measure([State(task.dag)], full_timing=full)[0] for full in (False, True))
+        assert searched.ok and confirmed.ok
+        assert [p.min_repeat_ms for p in policies] == [SEARCH_REPEAT_MS, 4 * SEARCH_REPEAT_MS]
+    finally:
+        m.close()
+        short.close()
 
 
 def test_a_resumed_tune_starts_the_measurer_from_the_database_best(tmp_path, monkeypatch):

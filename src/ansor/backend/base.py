@@ -8,7 +8,7 @@ read its `Capabilities` instead of asking the target's kind.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Callable
@@ -125,26 +125,38 @@ class Backend:
         funcs: list[ir.PrimFunc | None] = []
         out: list[BuiltProgram] = []
         names = [name] * len(states) if isinstance(name, str) else list(name)
-        for state, entry_name in zip(states, names, strict=True):
-            try:
-                func = self.lower(state, target, entry_name)
-                source, entry = self.printer(func, caps)
-            except Exception as exc:  # a program that cannot be lowered is data, not a crash
-                funcs.append(None)
-                out.append(BuiltProgram(None, "", None, f"{type(exc).__name__}: {exc}"))
-                continue
-            funcs.append(func)
-            out.append(BuiltProgram(source, entry, None))
-        pending = [i for i, p in enumerate(out) if p.source is not None]
+        if len(names) != len(states):
+            raise ValueError(f"build: {len(states)} programs but {len(names)} entry names")
+
+        def printed() -> Iterator[str | None]:
+            # a generator: the builder compiles each source while the next program is lowered
+            for state, entry_name in zip(states, names):
+                try:
+                    func = self.lower(state, target, entry_name)
+                    source, entry = self.printer(func, caps)
+                except Exception as exc:  # a program that cannot be lowered is data, not a crash
+                    funcs.append(None)
+                    out.append(BuiltProgram(None, "", None, f"{type(exc).__name__}: {exc}"))
+                    yield None
+                    continue
+                funcs.append(func)
+                out.append(BuiltProgram(source, entry, None))
+                yield source
+
+        for i, result in enumerate(builder.build(printed())):
+            if result is not None:
+                out[i] = BuiltProgram(out[i].source, out[i].entry, result)
         printers = iter(self.refit_printers)
+        printer = next(printers, None)
+        pending = [i for i, p in enumerate(out) if p.build is not None and _spilled(p.build)] if printer else []
         while pending:
+            for i in pending:
+                source, entry = printer(funcs[i], caps)
+                out[i] = BuiltProgram(source, entry, None)
             for i, result in zip(pending, builder.build([out[i].source for i in pending])):
                 out[i] = BuiltProgram(out[i].source, out[i].entry, result)
             printer = next(printers, None)
             pending = [i for i in pending if _spilled(out[i].build)] if printer else []
-            for i in pending:
-                source, entry = printer(funcs[i], caps)
-                out[i] = BuiltProgram(source, entry, None)
         return out
 
 

@@ -15,8 +15,8 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,18 +116,30 @@ class CachedBuilder:
         """Where the product of `source` is (or will be) cached."""
         return self.cache_dir / f"{self.source_hash(source)}{self.SUFFIX}"
 
-    def build(self, sources: Sequence[str]) -> list[BuildResult]:
-        """Compile every source (duplicates once), in parallel; results in input order."""
-        unique: dict[str, str] = {}
-        for source in sources:
-            unique.setdefault(self.source_hash(source), source)
-        if not unique:
-            return []
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        workers = min(self.n_parallel, len(unique))
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            results = dict(zip(unique, pool.map(self._build_one, unique, unique.values())))
-        return [results[self.source_hash(source)] for source in sources]
+    def build(self, sources: Iterable[str | None]) -> list[BuildResult | None]:
+        """Compile every source (duplicates once), in parallel; results in input order (None
+        for a None source). `sources` may be a generator: each source starts compiling as soon
+        as it is produced, so whatever produces the next one (lowering and printing a program)
+        overlaps the compilers already running."""
+        futures: dict[str, Future] = {}
+        order: list[str | None] = []
+        pool: ThreadPoolExecutor | None = None
+        try:
+            for source in sources:
+                if source is None:
+                    order.append(None)
+                    continue
+                key = self.source_hash(source)
+                order.append(key)
+                if key not in futures:
+                    if pool is None:
+                        self.cache_dir.mkdir(parents=True, exist_ok=True)
+                        pool = ThreadPoolExecutor(max_workers=self.n_parallel)
+                    futures[key] = pool.submit(self._build_one, key, source)
+            return [None if key is None else futures[key].result() for key in order]
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
 
     def compile_one(self, source: str) -> BuildResult:
         return self.build([source])[0]

@@ -56,7 +56,12 @@ class SearchParams:
     sample_pool_size: int = 8192              # earlier draws kept for reuse
     max_sample_tries: int = 8                 # draws per requested program before giving up
     # evolutionary search
-    evolutionary_search_population: int = 2048
+    evolutionary_search_population: int = 2048  # the most a round evolves (the reference's, for 64)
+    population_per_program: int = 32          # a round of n programs evolves 32 n of them (the reference's
+                                              # 2048 for 64), at least min_evolved_population: a
+                                              # model's rounds are smaller than 64, and the search
+                                              # then cost more per measured program than measuring
+    min_evolved_population: int = 512
     evolutionary_search_num_iters: int = 4
     evolutionary_search_mutation_prob: float = 0.85
     crossover_prob: float = 0.05

@@ -180,8 +180,9 @@ class SketchPolicy(SearchPolicy):
         p = self.params
         self._timers = {"features": 0.0, "predict": 0.0, "breed": 0.0}
         t0 = time.perf_counter()
-        n_measured = min(len(self.measured), int(p.sample_init_use_measured_ratio * p.evolutionary_search_population))
-        init = self.initial_population(p.evolutionary_search_population - n_measured, measured_keys)
+        population = self.population_for(n)
+        n_measured = min(len(self.measured), int(p.sample_init_use_measured_ratio * population))
+        init = self.initial_population(population - n_measured, measured_keys)
         best_measured = [st for _, st in sorted(self.measured, key=lambda t: t[0])[:n_measured]]
         t1 = time.perf_counter()
         n_random = int(p.eps_greedy * n)
@@ -214,6 +215,12 @@ class SketchPolicy(SearchPolicy):
                            "total_s": time.perf_counter() - t0,
                            **{f"children_{k}": v for k, v in stats.items()}}
         return picks
+
+    def population_for(self, n: int) -> int:
+        """The population a round of n programs evolves: `population_per_program` per program,
+        between `min_evolved_population` and `evolutionary_search_population`."""
+        p = self.params
+        return min(p.evolutionary_search_population, max(p.min_evolved_population, p.population_per_program * n))
 
     def best_of_each_sketch(self, ranked: Sequence, population: Sequence, limit: int) -> list:
         """The model's best program of each sketch, at most `limit`, for a round of a task with

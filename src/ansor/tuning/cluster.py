@@ -223,9 +223,11 @@ class NodeMeasurer:
         self._measurers.move_to_end(task_id)
         return measurer
 
-    def measure(self, task_id: str, box: list, steps: Sequence[list], best_cost: float) -> dict[str, Any]:
+    def measure(self, task_id: str, box: list, steps: Sequence[list], best_cost: float,
+                full_timing: bool = False) -> dict[str, Any]:
         """Measure programs (their steps) of a task; each result as (costs, error_no, message,
-        seconds, timestamp), and the processes that did it (for whoever checks they end)."""
+        seconds, timestamp), and the processes that did it (for whoever checks they end).
+        `full_timing` as in `ProgramMeasurer.measure`."""
         self._pin()
         measurer = self._measurer(task_id, box)
         measurer.best_cost = min(measurer.best_cost, best_cost)
@@ -236,7 +238,7 @@ class NodeMeasurer:
             except (ValueError, TypeError, IndexError, KeyError) as err:
                 out[i] = ((), int(MeasureErrorNo.INSTANTIATION_ERROR), f"{self.node}: steps do not replay: {err}",
                           0.0, time.time())
-        results = measurer.measure([s for _, s in states]) if states else []
+        results = measurer.measure([s for _, s in states], full_timing=full_timing) if states else []
         for (i, _), result in zip(states, results):
             r = result.record
             out[i] = (r.costs, r.error_no, r.error_msg, r.all_cost, r.timestamp)
@@ -468,22 +470,23 @@ class ClusterMeasurer:
 
     def measure(self, states: Sequence[State], on_result: Callable[[MeasureResult], None] | None = None,
                 on_phase: Callable[[str], None] | None = None,
-                deadline: float | None = None) -> list[MeasureResult]:
+                deadline: float | None = None, full_timing: bool = False) -> list[MeasureResult]:
         """Measure `states` on the cluster; never raises for a bad program. Past `deadline` no
-        further call starts (calls under way finish). Raises ClusterError when no actor is left."""
+        further call starts (calls under way finish). Raises ClusterError when no actor is left.
+        `full_timing` as in `ProgramMeasurer.measure`."""
         start = time.time()
         if on_phase is not None:
             on_phase(PHASE_COMPILING)
         done: dict[int, MeasureResult] = {}
         try:
-            self._dispatch(states, done, on_result, on_phase, deadline)
+            self._dispatch(states, done, on_result, on_phase, deadline, full_timing)
         except BaseException:
             self.session.kill()  # an interrupt: the remote work stops with it
             raise
         self.last_batch_seconds = time.time() - start
         return [done[i] for i in sorted(done)]
 
-    def _dispatch(self, states, done, on_result, on_phase, deadline) -> None:
+    def _dispatch(self, states, done, on_result, on_phase, deadline, full_timing=False) -> None:
         ray, pool = self.session.ray, self.pool
         queue = collections.deque(range(len(states)))
         losses: dict[int, list[str]] = collections.defaultdict(list)
@@ -521,7 +524,7 @@ class ClusterMeasurer:
                         continue
                     indices = [queue.popleft() for _ in range(min(PROGRAMS_PER_CALL, len(queue)))]
                     steps = [states[i].steps_json() for i in indices]
-                    ref = actor.handle.measure.remote(self._task_id, self._box, steps, self.best_cost)
+                    ref = actor.handle.measure.remote(self._task_id, self._box, steps, self.best_cost, full_timing)
                     call = _Call(ref, indices, CALL_SLACK_SECONDS + per_program * len(indices))
                     if not actor.calls:
                         call.deadline = time.time() + call.budget

@@ -247,7 +247,7 @@ def _confirm_best(tuner: TaskTuner, db: RecordStore, k: int) -> None:
     if not states:
         return
     writer = next(cb for cb in tuner.callbacks if isinstance(cb, RecordToDatabase))
-    tuner.measurer.measure(states, on_result=lambda r: writer.on_result(tuner, r))
+    tuner.measurer.measure(states, on_result=lambda r: writer.on_result(tuner, r), full_timing=True)
     best = db.best(task.workload_key, task.target.key)
     if best:
         res = tuner.result

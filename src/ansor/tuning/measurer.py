@@ -24,8 +24,11 @@ from ansor.search.policy import MeasureResult
 from ansor.task import Task
 
 
-ONE_REPEAT_FACTOR = 2.0  # a program this many times slower than the task's best is timed once
+ONE_REPEAT_FACTOR = 1.3  # a program this many times slower than the task's best is timed once
                          # (the confirmation at the end of a job re-times the leaders anyway)
+SEARCH_REPEAT_MS = 25.0  # a search's repeats last this long (at most the policy's own): the spread of
+                         # a model's kernels is the same at 25 ms as at 50 (BENCHMARKS.md); a job's
+                         # confirmation of its leaders times them with the full policy
 
 #: The phases a batch goes through, as reported to `on_phase`.
 PHASE_COMPILING = "compiling"
@@ -36,14 +39,17 @@ class ProgramMeasurer:
     """Measures batches of programs of one task.
 
     Repeats go where they decide something: a program `one_repeat_factor` times slower than
-    the best checked so far gets one timed repeat instead of the policy's (0: always all).
-    `best_cost` starts at the caller's known best (a resumed job's database best)."""
+    the best checked so far gets one timed repeat instead of the policy's (0: always all), and
+    a search's repeats last at most `search_repeat_ms` (0: the policy's). `best_cost` starts at
+    the caller's known best (a resumed job's database best)."""
 
     def __init__(self, task: Task, builder: Builder | None = None, runner: Runner | None = None,
                  timeout: float = 10.0, timing: TimingPolicy | None = None, seed: int = 0,
-                 one_repeat_factor: float = ONE_REPEAT_FACTOR, best_cost: float = math.inf):
+                 one_repeat_factor: float = ONE_REPEAT_FACTOR, best_cost: float = math.inf,
+                 search_repeat_ms: float = SEARCH_REPEAT_MS):
         self.task = task
         self.one_repeat_factor = one_repeat_factor
+        self.search_repeat_ms = search_repeat_ms
         self.best_cost = best_cost  # seconds; the fastest checked program of this task so far
         self.backend = backend = backend_for(task.target)
         self.builder = builder or backend.builder(task.target)
@@ -53,12 +59,18 @@ class ProgramMeasurer:
         self._task_set = False
         self.last_batch_seconds = 0.0
 
-    def _timing(self) -> TimingPolicy | None:
-        """The runner's policy, told to time programs far slower than the best only once."""
+    def _timing(self, full: bool = False) -> TimingPolicy | None:
+        """The runner's policy for a search: shorter repeats, and programs far slower than the
+        best timed only once. `full`: the runner's own (None)."""
         policy = self.runner.timing
-        if self.one_repeat_factor <= 0 or self.best_cost == math.inf or policy.one_repeat_above:
+        if full:
             return None
-        return replace(policy, one_repeat_above=self.one_repeat_factor * self.best_cost)
+        changed = policy
+        if 0 < self.search_repeat_ms < policy.min_repeat_ms and not policy.flush_cache:
+            changed = replace(changed, min_repeat_ms=self.search_repeat_ms)
+        if self.one_repeat_factor > 0 and self.best_cost < math.inf and not policy.one_repeat_above:
+            changed = replace(changed, one_repeat_above=self.one_repeat_factor * self.best_cost)
+        return None if changed is policy else changed
 
     def _ensure_task(self) -> None:
         if not self._task_set:
@@ -71,10 +83,12 @@ class ProgramMeasurer:
 
     def measure(self, states: Sequence[State], on_result: Callable[[MeasureResult], None] | None = None,
                 on_phase: Callable[[str], None] | None = None,
-                deadline: float | None = None) -> list[MeasureResult]:
+                deadline: float | None = None, full_timing: bool = False) -> list[MeasureResult]:
         """Measure the states in order; never raises for a bad program (it becomes an error
         record). Each result is handed to `on_result` as soon as it is known. Past `deadline`
-        (a `time.time()` value) no further program is run; those left are not returned."""
+        (a `time.time()` value) no further program is run; those left are not returned.
+        `full_timing`: every program timed by the runner's whole policy (a job's confirmation
+        of its leaders), not the search's shorter one."""
         self._ensure_task()
         start = time.time()
         if on_phase is not None:
@@ -93,7 +107,7 @@ class ProgramMeasurer:
             elif not program.ok:
                 rec = self._record(st, (), b.error_no, b.error_msg, b.compile_seconds)
             else:
-                r = self.runner.run(b.lib_path, program.entry, self._timing())
+                r = self.runner.run(b.lib_path, program.entry, self._timing(full_timing))
                 costs = r.costs if r.error_no == MeasureErrorNo.NO_ERROR else ()
                 if costs:
                     self.best_cost = min(self.best_cost, r.median)
