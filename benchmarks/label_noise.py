@@ -62,7 +62,7 @@ def remeasure_workload(db: Database, workload_key: str, target: Target, programs
             break
     if len(states) < 2:
         return None
-    measurer = ProgramMeasurer(task, one_repeat_factor=0)  # every program timed in full
+    measurer = ProgramMeasurer(task, one_repeat_factor=0, search_repeat_ms=0)  # every program timed in full
     try:
         results = measurer.measure(states)
     finally:
