@@ -14,7 +14,7 @@ once (packed into the instruction's layout), as a model's are.
 per-channel int8 weights, uint8 or int8 activations, calibrated on random images), imported
 by `from_onnx`, tuned with `--trials` per task (0: the quick build alone) and built; beside it
 onnxruntime running the same quantized model, and ansor's and onnxruntime's float32 ResNet-18
-(ansor's tuned with the same trials per task). Top-1 classes of ansor's int8 model are checked
+(ansor's tuned with the same trials per task, or `--float32-trials`). Top-1 classes of ansor's int8 model are checked
 against onnxruntime's on `--check-inputs` random images; the four are timed in turns, with
 `uptime` before and after (the ratios are paired per round: a loaded phase falls on both).
 """
@@ -161,7 +161,8 @@ def quantized_model(args) -> None:
     folder = tempfile.mkdtemp(prefix="quantized_model_")
     float_path, path = _quantized_onnx(module, inputs, args.activations, folder)
     tasks8, int8 = _tuned_model(from_onnx(path), args.trials, args.database, f"ansor int8 {args.model}")
-    _, f32 = _tuned_model(ansor.graph.from_torch(module, inputs), args.trials, args.database,
+    f32_trials = args.trials if args.float32_trials is None else args.float32_trials
+    _, f32 = _tuned_model(ansor.graph.from_torch(module, inputs), f32_trials, args.database,
                           f"ansor float32 {args.model}")
     integer = [k for key, k in int8.kernels.items() if "conv2d_integer" in k.task.name or "matmul_integer" in k.task.name]
     print(f"# integer layers: {len(integer)} kernels, {sum('dpbusd' in k.source for k in integer)} with vpdpbusd",
@@ -202,6 +203,9 @@ def main() -> None:
                         help="time this model quantized by onnxruntime instead of the GEMMs")
     parser.add_argument("--activations", choices=("uint8", "int8"), default="uint8")
     parser.add_argument("--check-inputs", type=int, default=100)
+    parser.add_argument("--float32-trials", type=int, default=None,
+                        help="trials per task for ansor's float32 model (default: --trials; 0 builds it from "
+                             "the records the database already holds, e.g. a copy of a float32 tuning job's)")
     args = parser.parse_args()
     if args.model:
         quantized_model(args)
