@@ -145,6 +145,20 @@ def test_evolve_breeds_no_generation_past_its_deadline(conv_policy):
            stats=stats, deadline=time.time() + 3600.0)
     assert sum(stats.values()) > 0
 
+def test_a_round_evolves_a_population_sized_to_its_programs():
+    """32 programs evolved per program measured (the reference's 2048 for 64), at least 512 and
+    at most the population parameter, which a quick search sets lower."""
+    task = make_task("matmul", (32, 32, 32))
+    policy = SketchPolicy(task, seed=0, cost_model=RandomModel(seed=0))
+    assert [policy.population_for(n) for n in (4, 16, 43, 64, 128)] == [512, 512, 1376, 2048, 2048]
+    small = SketchPolicy(task, seed=0, cost_model=RandomModel(seed=0), params={"evolutionary_search_population": 256})
+    assert small.population_for(4) == small.population_for(64) == 256
+    sized = []
+    policy.initial_population = lambda n, keys: sized.append(n) or policy.sample(n, keys)
+    policy.search_round(16, set())
+    assert sized == [512]  # nothing measured yet: the whole population is drawn
+
+
 def test_search_round_with_a_model_proposes_unmeasured_programs():
     task = make_task("matmul", (32, 32, 32))
     policy = SketchPolicy(task, seed=4, cost_model=RandomModel(seed=1),
