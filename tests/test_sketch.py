@@ -228,6 +228,17 @@ def test_an_awkward_extent_is_also_tiled_padded_and_the_guarded_tail_matches_num
     assert_programs_match_numpy(task, programs, tmp_path)
 
 
+def test_an_extent_that_padding_barely_lengthens_is_always_tiled_padded():
+    """197 -> 200 adds 1.5%: every draw tiles 200 (its unpadded tilings are one-row tiles);
+    37 -> 40 adds 8%: both kinds are drawn."""
+    from ansor.search.annotate import tiled_extent
+
+    rng = random.Random(0)
+    assert {tiled_extent(197, rng) for _ in range(200)} == {200}
+    assert {tiled_extent(37, rng) for _ in range(200)} == {37, 40}
+    assert {tiled_extent(196, rng) for _ in range(20)} == {196}
+
+
 def assert_programs_match_numpy(task, programs, tmp_path) -> None:
     """Compile every program and check its outputs against the task's numpy reference."""
     sources = [generate_source(st, task.target, "kernel") for st in programs]

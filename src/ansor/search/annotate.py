@@ -41,6 +41,10 @@ def factorizations(extent: int, n: int, max_innermost: int) -> tuple[tuple[int, 
 
 #: Share of the draws of an awkward extent (`padded_extent`) that tile its padded length.
 PADDED_TILING_PROB = 0.75
+#: An awkward extent that padding lengthens by at most this share is always tiled padded (197
+#: tokens as 200): its unpadded tilings are all one-row tiles, and a cost model that has seen
+#: few padded programs ranks those first, so a short search can measure nothing else.
+ALWAYS_PADDED_SHARE = 1 / 16
 
 
 @functools.lru_cache(maxsize=4096)
@@ -58,10 +62,15 @@ def padded_extent(extent: int) -> int:
 
 def tiled_extent(extent: int, rng: random.Random) -> int:
     """The length one draw of a split of `extent` tiles perfectly: `padded_extent` in
-    PADDED_TILING_PROB of the draws of an awkward extent, else the extent (a draw of any other
-    extent takes nothing from `rng`)."""
+    PADDED_TILING_PROB of the draws of an awkward extent and in every draw where the padding
+    adds at most ALWAYS_PADDED_SHARE of it, else the extent (a draw of any other extent takes
+    nothing from `rng`)."""
     padded = padded_extent(extent)
-    return padded if padded != extent and rng.random() < PADDED_TILING_PROB else extent
+    if padded == extent:
+        return extent
+    if padded - extent <= ALWAYS_PADDED_SHARE * extent:
+        return padded
+    return padded if rng.random() < PADDED_TILING_PROB else extent
 
 
 def sample_factors(extent: int, n: int, rng: random.Random, max_innermost: int = 64,
