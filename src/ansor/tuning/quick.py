@@ -98,15 +98,18 @@ MODEL_QUICK_SECONDS = 120.0
 #: timings. A large model's build runs out of seconds after one or two laps; a small one
 #: keeps improving its tasks until its seconds are spent instead of stopping early with
 #: programs picked on two laps of timings (BENCHMARKS.md, "A model's first build").
-MODEL_QUICK_PROGRAMS = 32
+MODEL_QUICK_PROGRAMS = 48
 #: Programs per task in one lap over the model's tasks.
 MODEL_QUICK_LAP = 4
 #: A smaller search per task than a single workload's quick build: a model has tens of tasks
 #: and one time budget.
 #: 256 x 2 sits between a search that dominates the build and one that picks poorly (both
 #: measured in BENCHMARKS.md, "A model's first build").
+#: After the first lap, one program in four is a random one (eps-greedy): a pretrained model can
+#: rank a whole region of a task's space first (one-row register tiles of a 197-token linear,
+#: BENCHMARKS.md), and its refits on those programs alone never show it anything better.
 MODEL_QUICK_SEARCH = SearchParams(evolutionary_search_population=256, evolutionary_search_num_iters=2,
-                                  sample_init_min_population=32, eps_greedy=0.0)
+                                  sample_init_min_population=32, eps_greedy=0.25)
 
 
 def tasks_without_records(tasks: Sequence[Task], store: RecordStore) -> list[Task]:
