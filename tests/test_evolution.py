@@ -145,6 +145,7 @@ def test_evolve_breeds_no_generation_past_its_deadline(conv_policy):
            stats=stats, deadline=time.time() + 3600.0)
     assert sum(stats.values()) > 0
 
+
 def test_a_round_evolves_a_population_sized_to_its_programs():
     """32 programs evolved per program measured (the reference's 2048 for 64), at least 512 and
     at most the population parameter, which a quick search sets lower."""

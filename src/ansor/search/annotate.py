@@ -77,10 +77,11 @@ def sample_factors(extent: int, n: int, rng: random.Random, max_innermost: int =
                    vector_lanes: int = 0) -> tuple[int, ...]:
     """A random perfect tiling of `extent` (or of its `padded_extent`) into n inner lengths:
     the innermost length drawn uniformly among the allowed divisors, then the outer lengths
-    uniformly among the tilings of what is left. (Drawing uniformly among all tilings, as Ansor does, makes an innermost
-    length of 1 the most likely: small extents have the most tilings. The innermost loop is
-    the vectorized one, so that bias starves the search of vector-width tiles.) With
-    `vector_lanes`, half the draws take a multiple of it where the extent has one."""
+    uniformly among the tilings of what is left. (Drawing uniformly among all tilings, as
+    Ansor does, makes an innermost length of 1 the most likely: small extents have the most
+    tilings. The innermost loop is the vectorized one, so that bias starves the search of
+    vector-width tiles.) With `vector_lanes`, half the draws take a multiple of it where the
+    extent has one."""
     if n == 0:
         return ()
     extent = tiled_extent(extent, rng)

@@ -486,7 +486,7 @@ class ClusterMeasurer:
         self.last_batch_seconds = time.time() - start
         return [done[i] for i in sorted(done)]
 
-    def _dispatch(self, states, done, on_result, on_phase, deadline, full_timing=False) -> None:
+    def _dispatch(self, states, done, on_result, on_phase, deadline, full_timing) -> None:
         ray, pool = self.session.ray, self.pool
         queue = collections.deque(range(len(states)))
         losses: dict[int, list[str]] = collections.defaultdict(list)

@@ -26,9 +26,9 @@ from ansor.task import Task
 
 ONE_REPEAT_FACTOR = 1.3  # a program this many times slower than the task's best is timed once
                          # (the confirmation at the end of a job re-times the leaders anyway)
-SEARCH_REPEAT_MS = 25.0  # a search's repeats last this long (at most the policy's own): the spread of
-                         # a model's kernels is the same at 25 ms as at 50 (BENCHMARKS.md); a job's
-                         # confirmation of its leaders times them with the full policy
+SEARCH_REPEAT_MS = 25.0  # a search's repeats last this long (at most the policy's own): a model's
+                         # kernels spread about as much at 25 ms as at 50, for half the time
+                         # (BENCHMARKS.md); a job's confirmation of its leaders uses the full policy
 
 #: The phases a batch goes through, as reported to `on_phase`.
 PHASE_COMPILING = "compiling"
