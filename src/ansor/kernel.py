@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import ctypes
 import statistics
 import time
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ansor.backend import BuiltProgram, backend_for, build_programs
+from ansor.lower.live_rows import GLOBAL as LIVE_ROWS_GLOBAL, LiveRowsSpec, skip_padded_rows
 from ansor.records import Record, RecordStore
 from ansor.measure import (Builder, KernelLibrary, TimingPolicy, aligned_copy, aligned_empty,
                            time_function)
@@ -90,6 +93,21 @@ class Kernel:
         except DeviceUnavailableError as err:  # built and readable here, runnable elsewhere
             self._lib = _NoDevice(err)
         self._packed = self._lib.packed_buffers()
+        self._live_rows = None  # the library's length global, when the kernel skips padded rows
+        if LIVE_ROWS_GLOBAL in source and isinstance(self._lib, KernelLibrary):
+            self._live_rows = ctypes.c_int.in_dll(self._lib._lib, LIVE_ROWS_GLOBAL)
+            self._padded_rows = self._live_rows.value
+
+    @property
+    def skips_padded_rows(self) -> bool:
+        """Whether the kernel computes only the rows of the length `set_live_rows` gives."""
+        return self._live_rows is not None
+
+    def set_live_rows(self, length: int | None) -> None:
+        """The length of the padded dimension the next calls keep (None: the whole bucket);
+        rows past it are skipped and left zero. A kernel that does not skip ignores it."""
+        if self._live_rows is not None:
+            self._live_rows.value = self._padded_rows if length is None else int(length)
 
     @property
     def constant_inputs(self) -> list[str]:
@@ -302,8 +320,11 @@ class _NoDevice:
 
 
 def compile_state(task: Task, state: State, record: Record | None = None,
-                  builder: Builder | None = None) -> Kernel:
-    program = build_programs([state], task.target, _entry_name(task), builder)[0]
+                  builder: Builder | None = None, live_rows: LiveRowsSpec | None = None) -> Kernel:
+    """One program of a task compiled (skipping padded rows where `live_rows` says, as in
+    `build_many`)."""
+    finish = None if live_rows is None or task.target.kind != "cpu" else partial(_skipping_padded_rows, spec=live_rows)
+    program = build_programs([state], task.target, _entry_name(task), builder, [finish])[0]
     if not program.ok:
         raise RuntimeError(f"compiling {task.name!r} failed: {program.message}")
     return Kernel(task, state, program.source, program.entry, program.build.lib_path, record)
@@ -323,16 +344,22 @@ def best_program(task: Task, store: RecordStore | None) -> tuple[State, Record |
     return default_schedule(task), None
 
 
-def build_many(tasks: Sequence[Task], store: RecordStore | None = None,
-               builder: Builder | None = None) -> list[Kernel]:
+def build_many(tasks: Sequence[Task], store: RecordStore | None = None, builder: Builder | None = None,
+               live_rows: Sequence[LiveRowsSpec | None] | None = None) -> list[Kernel]:
     """`build` for several tasks, compiled in parallel: each task's fastest replayable record
-    in `store`, else its default schedule (`Kernel.record` is None then)."""
+    in `store`, else its default schedule (`Kernel.record` is None then). `live_rows[i]`, where
+    given for a CPU task, says where its output holds a padded dimension: its kernel then skips
+    the rows past the length `Kernel.set_live_rows` gives (`lower.live_rows`)."""
     chosen = [best_program(task, store) for task in tasks]
+    specs = list(live_rows) if live_rows is not None else [None] * len(tasks)
+    finish = [None if spec is None or t.target.kind != "cpu" else partial(_skipping_padded_rows, spec=spec)
+              for t, spec in zip(tasks, specs)]
     built: dict[int, BuiltProgram] = {}
     for key in dict.fromkeys(t.target.key for t in tasks):  # one parallel build per target's compiler
         picked = [i for i, t in enumerate(tasks) if t.target.key == key]
         built.update(zip(picked, build_programs([chosen[i][0] for i in picked], tasks[picked[0]].target,
-                                                [_entry_name(tasks[i]) for i in picked], builder)))
+                                                [_entry_name(tasks[i]) for i in picked], builder,
+                                                [finish[i] for i in picked])))
     kernels = []
     for i, task in enumerate(tasks):
         program = built[i]
@@ -341,6 +368,10 @@ def build_many(tasks: Sequence[Task], store: RecordStore | None = None,
         state, record = chosen[i]
         kernels.append(Kernel(task, state, program.source, program.entry, program.build.lib_path, record))
     return kernels
+
+
+def _skipping_padded_rows(func, caps, spec: LiveRowsSpec):
+    return skip_padded_rows(func, spec)
 
 
 def build(task: Task, store: RecordStore | None = None, state: State | None = None) -> Kernel:

@@ -114,12 +114,13 @@ class Backend:
         return self.printer(self.lower(state, target, name), self.capabilities(target))
 
     def build(self, states: Sequence[State], target: Target, name: str | Sequence[str] = "kernel",
-              builder: Any = None) -> list[BuiltProgram]:
+              builder: Any = None, finish: Sequence[LoweringPass | None] | None = None) -> list[BuiltProgram]:
         """Each program lowered, printed (its entry called `name`, or its own of a list of
         names) and compiled (in parallel, by `builder` or the target's own). Never raises for a
         bad program: a lowering error or a failed build is in its `BuiltProgram`. A build that
         spilled registers is printed again by `refit_printers` until one builds, so the source
-        kept is one that compiles clean."""
+        kept is one that compiles clean. `finish[i]`, where given, is one more pass for program
+        i after the backend's own (a model's use of it, such as skipping padded rows)."""
         builder = builder or self.builder(target)
         caps = self.capabilities(target)
         funcs: list[ir.PrimFunc | None] = []
@@ -127,12 +128,17 @@ class Backend:
         names = [name] * len(states) if isinstance(name, str) else list(name)
         if len(names) != len(states):
             raise ValueError(f"build: {len(states)} programs but {len(names)} entry names")
+        finishing = list(finish) if finish is not None else [None] * len(states)
+        if len(finishing) != len(states):
+            raise ValueError(f"build: {len(states)} programs but {len(finishing)} finishing passes")
 
         def printed() -> Iterator[str | None]:
             # a generator: the builder compiles each source while the next program is lowered
-            for state, entry_name in zip(states, names):
+            for state, entry_name, last in zip(states, names, finishing):
                 try:
                     func = self.lower(state, target, entry_name)
+                    if last is not None:
+                        func = last(func, caps)
                     source, entry = self.printer(func, caps)
                 except Exception as exc:  # a program that cannot be lowered is data, not a crash
                     funcs.append(None)

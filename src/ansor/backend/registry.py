@@ -53,6 +53,6 @@ def generate_source(state: State, target: Target, name: str = "kernel") -> tuple
 
 
 def build_programs(states: Sequence[State], target: Target, name: str | Sequence[str] = "kernel",
-                   builder: Any = None) -> list[BuiltProgram]:
+                   builder: Any = None, finish: Sequence[Any] | None = None) -> list[BuiltProgram]:
     """Programs for `target` lowered, printed and compiled: see `Backend.build`."""
-    return backend_for(target).build(states, target, name, builder)
+    return backend_for(target).build(states, target, name, builder, finish)

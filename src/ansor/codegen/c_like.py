@@ -412,9 +412,13 @@ class CLikePrinter:
         before, child_parallel = self.loop_annotations(s, in_parallel)
         for line in before:
             self.emit(line, depth)
-        self.emit(f"for ({self.INDEX_TYPE} {var} = 0; {var} < {s.extent}; ++{var}) {{", depth)
+        self.emit(f"for ({self.INDEX_TYPE} {var} = 0; {var} < {self.loop_bound(s)}; ++{var}) {{", depth)
         self.stmt(s.body, depth + 1, child_parallel)
         self.emit("}", depth)
+
+    def loop_bound(self, s: ir.For) -> str:
+        """The loop's trip count as printed (its extent, unless a dialect runs it shorter)."""
+        return str(s.extent)
 
     def allocate(self, s: ir.Allocate, depth: int, in_parallel: bool) -> None:
         b = s.buffer

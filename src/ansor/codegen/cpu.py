@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ansor.codegen import cpu_prelude
 from ansor.codegen.c_like import CLikePrinter
-from ansor.lower import ir
+from ansor.lower import ir, live_rows
 from ansor.lower.dot_product import operand_roles
 from ansor.lower.register_tile import index_coefficient, load_key, load_offset, loads_in
 from ansor.te import expr as E
@@ -121,6 +121,44 @@ class CPrinter(CLikePrinter):
         if s.kind == "unrolled" or (s.unroll_hint and unrolled_vector_loops(s) <= MAX_UNROLLED_VECTOR_LOOPS):
             return [f"#pragma GCC unroll {min(s.extent, 65534)}"], in_parallel
         return [], in_parallel
+
+    # --- padded rows skipped at run time (`lower.live_rows`) ------------------------------------
+    def loop_bound(self, s: ir.For) -> str:
+        plan = self.func.attrs.get("live_rows")
+        table = plan.trips_name(s) if plan is not None else None
+        return f"{table}[ansor_live_length]" if table else super().loop_bound(s)
+
+    def function(self, func: ir.PrimFunc, fname: str, writes_packed: bool = False) -> str:
+        plan = func.attrs.get("live_rows") if func is self.func else None
+        if plan is None:
+            return super().function(func, fname, writes_packed)
+        spec, padded_rows = plan.spec, plan.spec.padded * plan.spec.inner
+        self.names.names[id(plan.live)] = "ansor_live"
+        self.lines = []
+        self.emit(f"const int32_t ansor_live_length = {live_rows.GLOBAL} >= 0 && {live_rows.GLOBAL} <= "
+                  f"{spec.padded} ? {live_rows.GLOBAL} : {spec.padded};", 1)
+        self.emit(f"const int32_t ansor_live = ansor_live_length * {spec.inner};", 1)
+        self.stmt(func.body, 1, False)
+        out = self.names(plan.output, plan.output.name)
+        slab = padded_rows * plan.row_elements
+        self.emit(f"if (ansor_live < {padded_rows})", 1)
+        self.emit(f"for (int64_t ansor_slab = 0; ansor_slab < {plan.slabs}; ++ansor_slab)", 2)
+        self.emit(f"__builtin_memset({out} + ansor_slab * {slab} + (int64_t)ansor_live * {plan.row_elements}, 0, "
+                  f"(size_t)({padded_rows} - ansor_live) * {plan.row_elements} * sizeof(*{out}));", 3)
+        body = "\n".join(self.lines)
+        return f"\n{self.FUNCTION_PREFIX}void {fname}({self.signature(func, writes_packed)}) {{\n{body}\n}}\n"
+
+    def live_rows_globals(self) -> str:
+        """The length global and the trip tables of a kernel that skips padded rows."""
+        plan = self.func.attrs.get("live_rows")
+        if plan is None:
+            return ""
+        lines = [f"\n/* the call's length (rows past it are padding, skipped and set to zero) */",
+                 f"int {live_rows.GLOBAL} = {plan.spec.padded};"]
+        for loop, table in plan.trip_tables.values():
+            lines.append(f"static const int32_t {plan.trips_name(loop)}[{len(table)}] = "
+                         f"{{{', '.join(map(str, table))}}};")
+        return "\n".join(lines) + "\n"
 
     def dialect_stmt(self, s: ir.Stmt, depth: int, in_parallel: bool) -> None:
         if type(s) is ir.RegisterTile:
@@ -333,7 +371,8 @@ class CPrinter(CLikePrinter):
         sig = self.signature(func, False)
         args = ", ".join(self.names(b, b.name) for b in func.params)
         text = (
-            self.function(func, self.fname)
+            self.live_rows_globals()
+            + self.function(func, self.fname)
             + f"\ndouble {self.fname}_timed(long long ansor_number, {sig}) {{\n"
             + "  struct timespec ansor_t0, ansor_t1;\n"
             + "  clock_gettime(CLOCK_MONOTONIC, &ansor_t0);\n"

@@ -23,7 +23,8 @@ from ansor.graph.compiled import CompiledModel
 from ansor.graph.dynamic import DynamicGraph
 from ansor.graph.model_tasks import ModelTasks, extract_tasks
 from ansor.graph.padding import PaddingPlan, plan_padding, valid_indices
-from ansor.kernel import build_many
+from ansor.kernel import Kernel, build_many
+from ansor.lower.live_rows import LiveRowsSpec
 from ansor.records import RecordStore
 from ansor.target import Target
 from ansor.torch_arrays import numpy_to_tensor, tensor_to_numpy
@@ -42,6 +43,41 @@ class Bucket:
     @property
     def label(self) -> str:
         return ", ".join(f"{d} = {s}" for d, s in sorted(self.sizes.items()))
+
+    def live_rows(self) -> dict[str, tuple[str, LiveRowsSpec]]:
+        """The tasks (by workload key) whose kernels can skip the padded rows of a shorter
+        call: the dimension and the output axis that holds it whole in every occurrence (its
+        first padded axis). A task with several outputs, with occurrences that disagree, or a
+        write into a cache in place is left out (it computes the whole bucket)."""
+        found: dict[str, tuple[str, LiveRowsSpec] | None] = {}
+        for piece in self.tasks.pieces:
+            if piece.lowered is None or piece.view_of is not None:
+                continue
+            key = piece.lowered.task.workload_key
+            spec = None if piece.in_place else self._outer_padding(piece)
+            if found.setdefault(key, spec) != spec:
+                found[key] = None
+        return {key: spec for key, spec in found.items() if spec is not None}
+
+    def _outer_padding(self, piece) -> tuple[str, LiveRowsSpec] | None:
+        outputs = piece.subgraph.graph.outputs
+        task_outputs = piece.lowered.task.outputs
+        if len(outputs) != 1 or len(task_outputs) != 1:
+            return None
+        roles = self.plan.value_roles.get(outputs[0])
+        shape = tuple(task_outputs[0].shape)
+        if roles is None or len(roles) != len(shape):
+            return None
+        for axis, factors in enumerate(roles):
+            if factors:
+                (factor,) = factors if len(factors) == 1 else (None,)
+                if factor is None:
+                    return None
+                padded = self.sizes[factor.dim]
+                if shape[axis] != padded * factor.inner:
+                    return None
+                return factor.dim, LiveRowsSpec(axis, factor.inner, padded)
+        return None
 
 
 def bucket_tasks(graph: DynamicGraph, target: Target | None = None, winograd: bool = True) -> list[Bucket]:
@@ -92,10 +128,13 @@ class BucketedModel:
     declared ranges (numpy arrays or torch CPU tensors, in the graph's input order), outputs
     of the sizes the model gives at those sizes."""
 
-    def __init__(self, graph: DynamicGraph, buckets: list[Bucket], models: list[CompiledModel]):
+    def __init__(self, graph: DynamicGraph, buckets: list[Bucket], models: list[CompiledModel],
+                 skipping: list[list[tuple[Kernel, str]]] | None = None):
         self.graph = graph
         self.buckets = buckets
         self.models = models
+        # per bucket, its kernels that skip padded rows and the dimension whose length they read
+        self.skipping = skipping if skipping is not None else [[] for _ in buckets]
         self._by_sizes = {tuple(sorted(b.sizes.items())): k for k, b in enumerate(buckets)}
 
     def bucket_for(self, *inputs: Any) -> Bucket:
@@ -132,7 +171,13 @@ class BucketedModel:
         g = bucket.plan.graph
         for dim, name in bucket.plan.lengths_inputs.items():
             padded.append(np.full(g.type_of(name).shape, sizes[dim], dtype=g.type_of(name).dtype))
-        outs = model(*padded)
+        for kernel, dim in self.skipping[k]:
+            kernel.set_live_rows(sizes[dim])
+        try:
+            outs = model(*padded)
+        finally:  # the bucket's model called on its own computes every row again
+            for kernel, _ in self.skipping[k]:
+                kernel.set_live_rows(None)
         outs = list(outs) if isinstance(outs, tuple) else [outs]
         results = [_cut(o, roles, padded_sizes, sizes) for o, roles in zip(outs, bucket.plan.output_roles)]
         if as_torch:
@@ -180,7 +225,13 @@ def build_bucketed(graph: DynamicGraph, store: RecordStore | None = None, target
         missing = tasks_without_records(merged.tasks, store)
         if missing:
             quick_search_tasks(missing, store, seconds, callbacks=callbacks, timing=merged.measured_as_in_model())
-    by_workload = dict(zip((t.workload_key for t in merged.tasks), build_many(merged.tasks, store)))
+    live: dict[str, tuple[str, LiveRowsSpec] | None] = {}
+    for b in buckets:
+        for key, spec in b.live_rows().items():
+            if live.setdefault(key, spec) != spec:
+                live[key] = None
+    specs = [live[t.workload_key][1] if live.get(t.workload_key) else None for t in merged.tasks]
+    by_workload = dict(zip((t.workload_key for t in merged.tasks), build_many(merged.tasks, store, live_rows=specs)))
     if verbose:
         untuned = sum(1 for k in by_workload.values() if k.record is None)
         print(f"ansor: {graph}: {len(buckets)} buckets, {len(by_workload)} distinct kernels"
@@ -188,4 +239,6 @@ def build_bucketed(graph: DynamicGraph, store: RecordStore | None = None, target
     models = [CompiledModel(b.tasks, {key: by_workload[b.tasks.tasks[i].workload_key]
                                       for key, i in b.tasks.task_index.items()}, source=b.plan.graph)
               for b in buckets]
-    return BucketedModel(graph, buckets, models)
+    skipping = [[(by_workload[key], dim) for key, (dim, _) in b.live_rows().items()
+                 if live.get(key) and by_workload[key].skips_padded_rows] for b in buckets]
+    return BucketedModel(graph, buckets, models, skipping)

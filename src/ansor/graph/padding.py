@@ -29,7 +29,7 @@ contribute weight 0 times a finite value, exactly 0.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -69,6 +69,7 @@ class PaddingPlan:
     graph: Graph
     output_roles: list[Roles]
     lengths_inputs: dict[str, str]
+    value_roles: dict[str, Roles] = field(default_factory=dict)  # every value's, by name
 
 
 def plan_padding(graph: Graph, dynamic_axes: dict[str, dict[int, str]], sizes: dict[str, int]) -> PaddingPlan:
@@ -90,7 +91,7 @@ def plan_padding(graph: Graph, dynamic_axes: dict[str, dict[int, str]], sizes: d
         roles[node.output] = planner.rule(node, ins) if any(any(r) for r in ins) else _none(g, node.output)
     g.remove_dead()  # a zero mask dropped from an attention
     g.validate()
-    return PaddingPlan(g, [roles.get(o) or _none(g, o) for o in g.outputs], planner.lengths)
+    return PaddingPlan(g, [roles.get(o) or _none(g, o) for o in g.outputs], planner.lengths, roles)
 
 
 def valid_indices(extent: int, factors: frozenset, sizes: dict[str, int], lengths: dict[str, int]) -> np.ndarray | None:
