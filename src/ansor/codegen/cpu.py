@@ -115,7 +115,8 @@ class CPrinter(CLikePrinter):
 
     def loop_annotations(self, s: ir.For, in_parallel: bool) -> tuple[list[str], bool]:
         if s.kind == "parallel" and not in_parallel:
-            return ["#pragma omp parallel for" + (f" num_threads({self.threads})" if self.threads else "")], True
+            return ["#pragma omp parallel for" + (f" num_threads({self.threads})" if self.threads else "")
+                    + self.live_rows_schedule(s)], True
         if s.kind == "vectorized" and not any(type(x) is ir.For for x in ir.walk_stmts(s.body)):
             return ["#pragma omp simd"], in_parallel
         if s.kind == "unrolled" or (s.unroll_hint and unrolled_vector_loops(s) <= MAX_UNROLLED_VECTOR_LOOPS):
@@ -123,13 +124,16 @@ class CPrinter(CLikePrinter):
         return [], in_parallel
 
     # --- padded rows skipped at run time (`lower.live_rows`) ------------------------------------
+    live_plan = None  # the `lower.live_rows` plan of the function being printed, if it skips rows
+
     def loop_bound(self, s: ir.For) -> str:
-        plan = self.func.attrs.get("live_rows")
+        plan = self.live_plan
         table = plan.trips_name(s) if plan is not None else None
         return f"{table}[ansor_live_length]" if table else super().loop_bound(s)
 
     def function(self, func: ir.PrimFunc, fname: str, writes_packed: bool = False) -> str:
         plan = func.attrs.get("live_rows") if func is self.func else None
+        self.live_plan = plan
         if plan is None:
             return super().function(func, fname, writes_packed)
         spec, padded_rows = plan.spec, plan.spec.padded * plan.spec.inner
@@ -147,6 +151,16 @@ class CPrinter(CLikePrinter):
                   f"(size_t)({padded_rows} - ansor_live) * {plan.row_elements} * sizeof(*{out}));", 3)
         body = "\n".join(self.lines)
         return f"\n{self.FUNCTION_PREFIX}void {fname}({self.signature(func, writes_packed)}) {{\n{body}\n}}\n"
+
+    def live_rows_schedule(self, s: ir.For) -> str:
+        """A skipping kernel's parallel loop: the usual static blocks at the full length, one
+        iteration per thread in turn at a shorter one, so that the iterations with rows to skip
+        are not all in one thread's block (the skipped work is shared out)."""
+        if self.live_plan is None or not self.threads:
+            return ""
+        trips = self.loop_bound(s)
+        return (f" schedule(static, (ansor_live_length == {self.live_plan.spec.padded} ? ({trips} + "
+                f"{self.threads - 1}) / {self.threads} : 1))")
 
     def live_rows_globals(self) -> str:
         """The length global and the trip tables of a kernel that skips padded rows."""
