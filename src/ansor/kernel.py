@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import statistics
 import time
 from functools import partial
@@ -93,10 +92,9 @@ class Kernel:
         except DeviceUnavailableError as err:  # built and readable here, runnable elsewhere
             self._lib = _NoDevice(err)
         self._packed = self._lib.packed_buffers()
-        self._live_rows = None  # the library's length global, when the kernel skips padded rows
-        if LIVE_ROWS_GLOBAL in source and isinstance(self._lib, KernelLibrary):
-            self._live_rows = ctypes.c_int.in_dll(self._lib._lib, LIVE_ROWS_GLOBAL)
-            self._padded_rows = self._live_rows.value
+        # the library's length global, when the kernel skips padded rows (`lower.live_rows`)
+        self._live_rows = self._lib.int_global(LIVE_ROWS_GLOBAL) if isinstance(self._lib, KernelLibrary) else None
+        self._padded_rows = self._live_rows.value if self._live_rows is not None else 0
 
     @property
     def skips_padded_rows(self) -> bool:

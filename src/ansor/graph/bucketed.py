@@ -225,9 +225,10 @@ def build_bucketed(graph: DynamicGraph, store: RecordStore | None = None, target
         missing = tasks_without_records(merged.tasks, store)
         if missing:
             quick_search_tasks(missing, store, seconds, callbacks=callbacks, timing=merged.measured_as_in_model())
+    live_by_bucket = [b.live_rows() for b in buckets]
     live: dict[str, tuple[str, LiveRowsSpec] | None] = {}
-    for b in buckets:
-        for key, spec in b.live_rows().items():
+    for found in live_by_bucket:
+        for key, spec in found.items():
             if live.setdefault(key, spec) != spec:
                 live[key] = None
     specs = [live[t.workload_key][1] if live.get(t.workload_key) else None for t in merged.tasks]
@@ -239,6 +240,6 @@ def build_bucketed(graph: DynamicGraph, store: RecordStore | None = None, target
     models = [CompiledModel(b.tasks, {key: by_workload[b.tasks.tasks[i].workload_key]
                                       for key, i in b.tasks.task_index.items()}, source=b.plan.graph)
               for b in buckets]
-    skipping = [[(by_workload[key], dim) for key, (dim, _) in b.live_rows().items()
-                 if live.get(key) and by_workload[key].skips_padded_rows] for b in buckets]
+    skipping = [[(by_workload[key], dim) for key, (dim, _) in found.items()
+                 if live.get(key) and by_workload[key].skips_padded_rows] for found in live_by_bucket]
     return BucketedModel(graph, buckets, models, skipping)

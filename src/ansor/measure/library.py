@@ -80,6 +80,14 @@ class KernelLibrary:
             self.close()
             raise
 
+    def int_global(self, name: str) -> ctypes.c_int | None:
+        """The library's global `int name` (reads and writes go to the library's own copy),
+        or None when it defines none."""
+        try:
+            return ctypes.c_int.in_dll(self._lib, name)
+        except ValueError:
+            return None
+
     @property
     def has_timer(self) -> bool:
         """Whether the library times itself in C (more precise for sub-microsecond kernels)."""
