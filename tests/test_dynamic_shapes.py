@@ -97,6 +97,14 @@ def test_past_the_maximum_is_refused(gpt2_model):
     assert "serves seq 17..32" in compiled.summary()
 
 
+def test_a_wrong_dtype_or_static_extent_is_refused_by_name(gpt2_model):
+    _, _, compiled = gpt2_model
+    with pytest.raises(TypeError, match="expected dtype int64, got int32"):
+        compiled(np.zeros((1, 5), dtype=np.int32))
+    with pytest.raises(ValueError, match=r"expected shape \(1, 5\), got \(2, 5\)"):
+        compiled(np.zeros((2, 5), dtype=np.int64))
+
+
 def test_task_names_say_which_lengths_they_serve(gpt2_model):
     _, _, compiled = gpt2_model
     names = {t.name for b in compiled.buckets for t in b.tasks.tasks}

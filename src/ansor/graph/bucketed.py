@@ -23,7 +23,7 @@ from ansor.graph.compiled import CompiledModel
 from ansor.graph.dynamic import DynamicGraph
 from ansor.graph.model_tasks import ModelTasks, extract_tasks
 from ansor.graph.padding import PaddingPlan, plan_padding, valid_indices
-from ansor.kernel import Kernel, build_many
+from ansor.kernel import Kernel, build_many, input_array
 from ansor.lower.live_rows import LiveRowsSpec
 from ansor.records import RecordStore
 from ansor.target import Target
@@ -167,19 +167,21 @@ class BucketedModel:
         padded_sizes = self._bucket_sizes(sizes)
         k = self._by_sizes[tuple(sorted(padded_sizes.items()))]
         bucket, model = self.buckets[k], self.models[k]
-        padded = [_pad(x, self.graph.dynamic_axes.get(i, {}), padded_sizes) for i, x in enumerate(arrays)]
         g = bucket.plan.graph
+        names = model.call_inputs
+        for i, x in enumerate(arrays):  # padded with zeros straight into the model's input buffers
+            _pad_into(model.buffer(names[i]), names[i], x, self.graph.dynamic_axes.get(i, {}), sizes)
         for dim, name in bucket.plan.lengths_inputs.items():
-            padded.append(np.full(g.type_of(name).shape, sizes[dim], dtype=g.type_of(name).dtype))
+            model.buffer(name).fill(sizes[dim])
         for kernel, dim in self.skipping[k]:
             kernel.set_live_rows(sizes[dim])
         try:
-            outs = model(*padded)
+            model.run()
         finally:  # the bucket's model called on its own computes every row again
             for kernel, _ in self.skipping[k]:
                 kernel.set_live_rows(None)
-        outs = list(outs) if isinstance(outs, tuple) else [outs]
-        results = [_cut(o, roles, padded_sizes, sizes) for o, roles in zip(outs, bucket.plan.output_roles)]
+        results = [_cut(model.buffer(o), roles, padded_sizes, sizes)
+                   for o, roles in zip(g.outputs, bucket.plan.output_roles)]
         if as_torch:
             results = [numpy_to_tensor(r) for r in results]
         return results[0] if len(results) == 1 else tuple(results)
@@ -194,23 +196,31 @@ class BucketedModel:
         return "\n".join(lines)
 
 
-def _pad(x: np.ndarray, axes: dict[int, str], sizes: dict[str, int]) -> np.ndarray:
-    if not axes:
-        return x
-    shape = list(x.shape)
+def _pad_into(buffer: np.ndarray, name: str, x: np.ndarray, axes: dict[int, str], sizes: dict[str, int]) -> None:
+    """`x` (its dynamic `axes` at `sizes`) written into the bucket's input `buffer`, the rest
+    of each padded axis zero; a wrong dtype or a wrong static extent is the model's own error."""
+    shape = list(buffer.shape)
     for axis, dim in axes.items():
         shape[axis] = sizes[dim]
-    out = np.zeros(shape, dtype=x.dtype)
-    out[tuple(slice(0, n) for n in x.shape)] = x
-    return out
+    x = input_array(name, x, tuple(shape), str(buffer.dtype))
+    region = tuple(slice(0, n) for n in x.shape)
+    buffer[region] = x
+    for axis in axes:  # the padding after the kept part of each dynamic axis
+        if x.shape[axis] < buffer.shape[axis]:
+            buffer[tuple(slice(x.shape[axis], None) if a == axis else slice(None) for a in range(buffer.ndim))] = 0
 
 
 def _cut(out: np.ndarray, roles: tuple, padded: dict[str, int], sizes: dict[str, int]) -> np.ndarray:
+    """The kept positions of an output, copied out of the model's buffer."""
     for axis, factors in enumerate(roles):
         keep = valid_indices(out.shape[axis], factors, padded, sizes)
         if keep is not None:
-            out = np.take(out, keep, axis=axis)
-    return np.ascontiguousarray(out)
+            out = out[(slice(None),) * axis + (slice(0, keep[-1] + 1),)] if _is_prefix(keep) else np.take(out, keep, axis=axis)
+    return np.array(out, order="C")  # a copy: the next call reuses the buffer
+
+
+def _is_prefix(keep: np.ndarray) -> bool:
+    return len(keep) > 0 and keep[0] == 0 and keep[-1] == len(keep) - 1
 
 
 def build_bucketed(graph: DynamicGraph, store: RecordStore | None = None, target: Target | None = None,

@@ -295,6 +295,22 @@ class CompiledModel:
                   for name, x in zip(names, inputs)]
         for name, array in zip(names, arrays):
             np.copyto(self._values[name], array)
+        self.run()
+        results = [np.array(self._values[o]) for o in g.outputs]  # copies: the next call reuses the buffers
+        if as_torch:
+            results = [numpy_to_tensor(r) for r in results]
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def buffer(self, value: str) -> np.ndarray:
+        """The model's own memory for a graph input or output: write an input's there and
+        `run`, then read an output's (valid until the next call). What a caller that prepares
+        its inputs in place (a bucket's padding) uses instead of a call's copies."""
+        if value not in self.call_inputs and value not in self.graph.outputs:
+            raise KeyError(f"{value!r} is neither an input a call takes nor an output of the model")
+        return self._values[value]
+
+    def run(self) -> None:
+        """The steps, on the inputs already in their buffers (`buffer`)."""
         # numpy steps hold the BLAS to one thread: no BLAS workers left spinning on the kernels' cores
         with single_threaded_blas() if self._has_fallbacks else nullcontext():
             for checks, one_call, runs in self._segments:
@@ -305,10 +321,6 @@ class CompiledModel:
                 else:
                     for run in runs:
                         run()
-        results = [np.array(self._values[o]) for o in g.outputs]  # copies: the next call reuses the buffers
-        if as_torch:
-            results = [numpy_to_tensor(r) for r in results]
-        return results[0] if len(results) == 1 else tuple(results)
 
     # ----------------------------------------------------------------------- checking
 
