@@ -36,6 +36,7 @@ from ansor.te.arith import const_bounds, simplify, symbolic_bounds
 GLOBAL = "ansor_live_rows"
 #: Loop kinds whose iterations may be skipped (the others are one vector or unrolled copies).
 SKIPPABLE_KINDS = ("serial", "parallel")
+E_INF = float("inf")
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,8 @@ class LiveRowsPlan:
 
 def skip_padded_rows(func: ir.PrimFunc, spec: LiveRowsSpec) -> ir.PrimFunc:
     """`func` with its loops skipping the padded rows of its output (`attrs["live_rows"]`),
-    or unchanged where its shape does not allow it (several outputs, the padded axis not the
-    outermost, a program printed from a template)."""
+    or unchanged where it cannot (several outputs, an output axis that is not the bucket's,
+    a program printed whole from a template)."""
     outputs = [b for b in func.params if b.role == "output"]
     if len(outputs) != 1 or any(isinstance(s, (ir.WrittenProgram, ir.GPUKernel)) for s in ir.walk_stmts(func.body)):
         return func
@@ -166,16 +167,13 @@ class _Skipper:
             ranges = dict(inner)
             ranges[id(s.var)] = (v, v)
             low = min(const_bounds(r, ranges)[0] for r in rows)
-            if low == -E_INF:
+            if low == -E_INF:  # a row index interval arithmetic cannot bound
                 return None
             lowest.append(low)
         spec = self.plan.spec
         table = tuple(1 + max((v for v, low in enumerate(lowest) if low < length * spec.inner), default=-1)
                       for length in range(spec.padded + 1))
         return table if min(table) < s.extent else None
-
-
-E_INF = float("inf")
 
 
 def _mentions(e: E.Expr, var: E.Var) -> bool:
