@@ -10,9 +10,9 @@ are timed in turns (several rounds, each turn after a short pause; medians, spre
 paired ratio), with the template's default program beside them ("ansor default":
 `lower.attention`'s DEFAULT_KNOBS, no search). GFLOP/s count the two products,
 4 * batch * heads * Lq * Lk * D (half of it with `--causal`), and are set against the FMA peak
-of the cores: cores x 2 FMA units x float32 lanes x 2 flops x `--ghz` (the clock is an
-assumption, given on the command line; the default is the all-core clock the project's bars
-assume). On a machine that other jobs load,
+of the cores, measured at the start (`common.fma_peak`: every core running independent vector
+FMAs in registers; run it quiet), or computed from an assumed clock with `--ghz`. On a machine
+that other jobs load,
 `--cpu-time` (with OMP_WAIT_POLICY=passive) adds a second timing in turns: CPU seconds per
 call divided by the cores, what a call costs rather than how long it waited for them.
 `--bert-layer DATABASE` then times the BERT-base layer built from that database's records
@@ -27,7 +27,7 @@ import sys
 import time
 
 import numpy as np
-from common import TURN_PAUSE_S, git_commit, machine_name
+from common import TURN_PAUSE_S, fma_peak, git_commit, machine_name
 
 import ansor
 from ansor import te
@@ -129,7 +129,8 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=100, help="tuning trials per length (0: build only)")
     parser.add_argument("--database", default="attention.db")
     parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--ghz", type=float, default=2.6, help="clock for the FMA peak")
+    parser.add_argument("--ghz", type=float, default=None,
+                        help="an assumed clock for the FMA peak (default: the peak measured here, quiet)")
     parser.add_argument("--bert-layer", metavar="DATABASE",
                         help="also the BERT-base layer built from DATABASE beside onnxruntime (tune it with "
                              "benchmarks/models.py --models bert_layer --database DATABASE)")
@@ -144,9 +145,13 @@ def main() -> None:
     target = ansor.Target.host()
     torch.set_num_threads(target.num_cores)
     lanes = target.vector_unit_bytes // 4
-    peak = target.num_cores * 2 * lanes * 2 * args.ghz
-    print(f"{machine_name()}, commit {git_commit()}; FMA peak {peak:.0f} GFLOP/s "
-          f"({target.num_cores} cores x 2 FMA x {lanes} lanes x 2 x {args.ghz} GHz); "
+    if args.ghz is None:
+        peak = fma_peak()
+        how = f"measured: {target.num_cores} cores running vector FMAs in registers, best of 5"
+    else:
+        peak = target.num_cores * 2 * lanes * 2 * args.ghz
+        how = f"{target.num_cores} cores x 2 FMA x {lanes} lanes x 2 x {args.ghz} GHz, an assumed clock"
+    print(f"{machine_name()}, commit {git_commit()}; FMA peak {peak:.0f} GFLOP/s ({how}); "
           f"torch {torch.__version__} with {torch.get_num_threads()} threads; load {os.getloadavg()[0]:.1f}")
     for length in (int(x) for x in args.lengths.split(",")):
         task = attention_task(args.batch, args.heads, length, args.dim, args.causal)
