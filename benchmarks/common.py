@@ -88,7 +88,7 @@ def fma_peak(seconds: float = 0.3, rounds: int = 5) -> float:
     target = ansor.Target.host()
     width = target.vector_unit_bytes
     lanes = width // 4
-    accumulators = 12 if target.vector_registers >= 32 else 10  # with the two constants, in registers
+    accumulators = 16 if target.vector_registers >= 32 else 12  # with the two constants, in registers
     body = "\n".join(f"      a{i} = a{i} * b + c;" for i in range(accumulators))
     source = f"""
 #include <omp.h>
