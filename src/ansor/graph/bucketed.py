@@ -110,17 +110,30 @@ def _name_served_sizes(graph: DynamicGraph, buckets: list[Bucket]) -> None:
 
 
 def merged_tasks(buckets: Sequence[Bucket]) -> ModelTasks:
-    """The distinct tasks of all buckets as one model (weights summed over the buckets)."""
+    """The distinct tasks of all buckets as one model to tune, every bucket counting as much as
+    any other: a task's weight is its occurrences in each bucket times that bucket's share
+    (`bucket_shares`), summed over the buckets."""
     merged = ModelTasks(buckets[0].tasks.graph, [])
-    for b in buckets:
+    for b, share in zip(buckets, bucket_shares(buckets)):
         merged.pieces.extend(b.tasks.pieces)
         for task, weight in zip(b.tasks.tasks, b.tasks.weights):
             index = merged.task_index.setdefault(task.workload_key, len(merged.tasks))
             if index == len(merged.tasks):
                 merged.tasks.append(task)
-                merged.weights.append(0)
-            merged.weights[index] += weight
+                merged.weights.append(0.0)
+            merged.weights[index] += weight * share
     return merged
+
+
+def bucket_shares(buckets: Sequence[Bucket]) -> list[float]:
+    """Per bucket, the weight of its tasks in the tuning objective: the largest bucket's work
+    over its own (FLOPs), so each bucket's estimated time counts alike. With plain occurrence
+    weights the objective is the sum of the buckets' latencies, which the largest buckets
+    dominate: a job spent its trials on them and left the short lengths' tasks at the first
+    few programs it measured, so calls of a few tokens ran untuned kernels."""
+    work = [sum(w * t.flop for t, w in zip(b.tasks.tasks, b.tasks.weights)) for b in buckets]
+    largest = max(work, default=0.0)
+    return [largest / w if w > 0 else 1.0 for w in work]
 
 
 class BucketedModel:
