@@ -148,6 +148,7 @@ class BucketedModel:
         self.models = models
         # per bucket, its kernels that skip padded rows and the dimension whose length they read
         self.skipping = skipping if skipping is not None else [[] for _ in buckets]
+        self._cuts: dict[tuple, list] = {}  # (bucket, sizes) -> how each output is cut back
         self._by_sizes = {tuple(sorted(b.sizes.items())): k for k, b in enumerate(buckets)}
 
     def bucket_for(self, *inputs: Any) -> Bucket:
@@ -193,8 +194,12 @@ class BucketedModel:
         finally:  # the bucket's model called on its own computes every row again
             for kernel, _ in self.skipping[k]:
                 kernel.set_live_rows(None)
-        results = [_cut(model.buffer(o), roles, padded_sizes, sizes)
-                   for o, roles in zip(g.outputs, bucket.plan.output_roles)]
+        cuts = self._cuts.get((k, tuple(sizes.items())))
+        if cuts is None:  # the same for every call of these sizes: found once
+            cuts = [_cut_of(model.buffer(o).shape, roles, padded_sizes, sizes)
+                    for o, roles in zip(g.outputs, bucket.plan.output_roles)]
+            self._cuts[(k, tuple(sizes.items()))] = cuts
+        results = [_cut(model.buffer(o), cut) for o, cut in zip(g.outputs, cuts)]
         if as_torch:
             results = [numpy_to_tensor(r) for r in results]
         return results[0] if len(results) == 1 else tuple(results)
@@ -215,7 +220,7 @@ def _pad_into(buffer: np.ndarray, name: str, x: np.ndarray, axes: dict[int, str]
     shape = list(buffer.shape)
     for axis, dim in axes.items():
         shape[axis] = sizes[dim]
-    x = input_array(name, x, tuple(shape), str(buffer.dtype))
+    x = input_array(name, x, tuple(shape), buffer.dtype.name)
     region = tuple(slice(0, n) for n in x.shape)
     buffer[region] = x
     for axis in axes:  # the padding after the kept part of each dynamic axis
@@ -223,17 +228,23 @@ def _pad_into(buffer: np.ndarray, name: str, x: np.ndarray, axes: dict[int, str]
             buffer[tuple(slice(x.shape[axis], None) if a == axis else slice(None) for a in range(buffer.ndim))] = 0
 
 
-def _cut(out: np.ndarray, roles: tuple, padded: dict[str, int], sizes: dict[str, int]) -> np.ndarray:
-    """The kept positions of an output, copied out of the model's buffer."""
+def _cut_of(shape: tuple, roles: tuple, padded: dict[str, int], sizes: dict[str, int]) -> list[tuple[int, Any]]:
+    """How an output of `shape` is cut back to the kept positions: per cut axis, a slice
+    (the kept positions lead the axis) or their indices."""
+    cut = []
     for axis, factors in enumerate(roles):
-        keep = valid_indices(out.shape[axis], factors, padded, sizes)
+        keep = valid_indices(shape[axis], factors, padded, sizes)
         if keep is not None:
-            out = out[(slice(None),) * axis + (slice(0, keep[-1] + 1),)] if _is_prefix(keep) else np.take(out, keep, axis=axis)
+            prefix = len(keep) > 0 and keep[-1] == len(keep) - 1
+            cut.append((axis, slice(0, len(keep)) if prefix else keep))
+    return cut
+
+
+def _cut(out: np.ndarray, cut: list[tuple[int, Any]]) -> np.ndarray:
+    """The kept positions of an output, copied out of the model's buffer."""
+    for axis, keep in cut:
+        out = out[(slice(None),) * axis + (keep,)] if isinstance(keep, slice) else np.take(out, keep, axis=axis)
     return np.array(out, order="C")  # a copy: the next call reuses the buffer
-
-
-def _is_prefix(keep: np.ndarray) -> bool:
-    return len(keep) > 0 and keep[0] == 0 and keep[-1] == len(keep) - 1
 
 
 def build_bucketed(graph: DynamicGraph, store: RecordStore | None = None, target: Target | None = None,
