@@ -7,7 +7,8 @@ matched against the target's instructions (`ansor.instructions`): a matmul (k th
 reduction) or an NHWC convolution (k the input channels, the kernel window's axes the other
 reductions: data[n, y*s + ry, x*s + rx, c] x W[ry, rx, c, f]). Where one fits, the stage is
 tiled as every matmul is (SSRSRS, an accumulator per tile), except that k is first split by
-the instruction's depth and that piece stays innermost of the reduction loops, and the weight
+a few instructions' depth (`DEPTH_STEPS`) and that piece stays innermost of the reduction
+loops, and the weight
 is copied into the instruction's layout, tiled along j by the innermost tile and interleaved
 along k by the depth (packed once when it is constant). A row operand that is computed (a
 convolution's padded input) is kept as a copy at the root rather than inlined, so the
@@ -99,6 +100,13 @@ def _condition(ctx, state: State, sid: int) -> Cond:
     return Cond.SKIP if found is None else Cond.APPLY_AND_SKIP_REST
 
 
+#: Instructions per iteration of the innermost reduction loop, the most the reduction's extent
+#: allows first. One instruction's depth there (4 products of u8 x s8) ran the int8 GEMM 1024^3
+#: at 1.9 ms whatever its register tile; four ran it at 1.1-1.2 ms (BENCHMARKS.md), and the
+#: search seldom drew that split of the reduction among its others.
+DEPTH_STEPS = (4, 2, 1)
+
+
 def _apply(ctx, state: State, sid: int):
     target = ctx.target
     base = state.copy()
@@ -125,7 +133,8 @@ def _apply(ctx, state: State, sid: int):
         s = base.copy()
         k_name = s.stages[sid].op.reduce_axes[match.reduce_index].name
         k = next(it for it in s.stages[sid].iters if it.kind == "reduce" and it.name == k_name)
-        _, depth_piece = s.split(sid, k.name, [ins.depth])
+        steps = next(n for n in DEPTH_STEPS if k.extent % (ins.depth * n) == 0)
+        _, depth_piece = s.split(sid, k.name, [ins.depth * steps])
         split_ids = multi_level_tile(s, sid, ctx.tiling_structure, None, untiled=[depth_piece.name])
         follow_tiling(s, consumer, split_ids, level)
         s.compute_at(sid, consumer, level * len(split_ids) - 1)
