@@ -101,9 +101,9 @@ def _condition(ctx, state: State, sid: int) -> Cond:
 
 
 #: Instructions per iteration of the innermost reduction loop, the most the reduction's extent
-#: allows first. One instruction's depth there (4 products of u8 x s8) ran the int8 GEMM 1024^3
-#: at 1.9 ms whatever its register tile; four ran it at 1.1-1.2 ms (BENCHMARKS.md), and the
-#: search seldom drew that split of the reduction among its others.
+#: allows first. One instruction's depth there (4 products of u8 x s8) ran an 8 x 32 register
+#: tile of the int8 GEMM 1024^3 at 1.9 ms, four at 1.1-1.2 ms (BENCHMARKS.md), and the search
+#: seldom drew that split of the reduction together with such a tile.
 DEPTH_STEPS = (4, 2, 1)
 
 
