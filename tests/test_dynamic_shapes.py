@@ -169,6 +169,34 @@ def test_batch_and_sequence_both_dynamic():
         np.testing.assert_allclose(compiled(x.numpy()), want, rtol=1e-4, atol=1e-5, err_msg=f"{b}x{n}")
 
 
+def test_tuning_a_dynamic_graph_measures_its_buckets(tmp_path):
+    """`ansor.tune` of a dynamic graph: every bucket's tasks in one job, weighted alike, and
+    the programs it measures run (they once all failed in the timing setup)."""
+    from ansor.store import open_store
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            return torch.relu(self.fc(x)) + x
+
+    torch.manual_seed(0)
+    model = Block().eval()
+    graph = ansor.graph.from_torch(model, (torch.randn(1, 5, 16),), dynamic_shapes=({1: torch.export.Dim("seq", max=32)},),
+                                   buckets={"seq": (16, 32)})
+    db = str(tmp_path / "dyn.db")
+    ansor.tune(graph, database=db, trials=16, progress=False)
+    with open_store(db)[0] as store:
+        records = [r for key in store.workload_keys() for r in store.records(key)]
+    assert records and all(r.error_no == 0 for r in records), {r.error_msg for r in records if r.error_no}
+    compiled = ansor.build(graph, database=db, quick_seconds=0, verbose=False)
+    x = torch.randn(1, 20, 16)
+    with torch.no_grad():
+        np.testing.assert_allclose(compiled(x.numpy()), model(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
 def test_onnx_dim_param():
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper

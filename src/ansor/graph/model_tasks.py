@@ -84,8 +84,8 @@ class ModelTasks:
         """Bytes one call of the model's kernels reads and writes (every task's inputs and
         outputs, times its occurrences): what passes through the caches between two calls of
         one kernel, which the kernels are timed against (`measured_as_in_model`)."""
-        return sum(w * sum(math.prod(t.shape) * DTYPE_BYTES[t.dtype] for t in (*task.inputs, *task.outputs))
-                   for task, w in zip(self.tasks, self.weights))
+        return int(sum(w * sum(math.prod(t.shape) * DTYPE_BYTES[t.dtype] for t in (*task.inputs, *task.outputs))
+                       for task, w in zip(self.tasks, self.weights)))  # weights may be fractional
 
     def measured_as_in_model(self) -> TimingPolicy:
         """How the model's kernels are timed: with their inputs out of the caches as far as the
