@@ -67,12 +67,14 @@ class ModelPiece:
 @dataclass
 class ModelTasks:
     """The simplified graph, its pieces in execution order, and the distinct tasks to tune
-    (`tasks[i]` occurs `weights[i]` times; `task_index[key]` is its place)."""
+    (`tasks[i]` occurs `weights[i]` times; `task_index[key]` is its place). The buckets of a
+    dynamic graph tuned as one (`graph.bucketed.merged_tasks`) weigh their tasks by share, so
+    a weight there need not be whole."""
 
     graph: Graph
     pieces: list[ModelPiece]
     tasks: list[Task] = field(default_factory=list)
-    weights: list[int] = field(default_factory=list)
+    weights: list[float] = field(default_factory=list)
     task_index: dict[str, int] = field(default_factory=dict)
 
     @property
