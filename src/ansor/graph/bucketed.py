@@ -148,7 +148,7 @@ class BucketedModel:
         self.models = models
         # per bucket, its kernels that skip padded rows and the dimension whose length they read
         self.skipping = skipping if skipping is not None else [[] for _ in buckets]
-        self._cuts: dict[tuple, list] = {}  # (bucket, sizes) -> how each output is cut back
+        self._plans: dict[tuple, tuple] = {}  # (bucket, sizes) -> `_call_plan`
         self._by_sizes = {tuple(sorted(b.sizes.items())): k for k, b in enumerate(buckets)}
 
     def bucket_for(self, *inputs: Any) -> Bucket:
@@ -182,11 +182,15 @@ class BucketedModel:
         k = self._by_sizes[tuple(sorted(padded_sizes.items()))]
         bucket, model = self.buckets[k], self.models[k]
         g = bucket.plan.graph
-        names = model.call_inputs
-        for i, x in enumerate(arrays):  # padded with zeros straight into the model's input buffers
-            _pad_into(model.buffer(names[i]), names[i], x, self.graph.dynamic_axes.get(i, {}), sizes)
-        for dim, name in bucket.plan.lengths_inputs.items():
-            model.buffer(name).fill(sizes[dim])
+        key = (k, tuple(sizes.items()))
+        plan = self._plans.get(key)
+        if plan is None:  # the same for every call of these sizes: found once
+            plan = self._plans[key] = self._call_plan(k, sizes, padded_sizes)
+        kept, padding, cuts = plan
+        for (name, view, shape), x in zip(kept, arrays):  # straight into the bucket's input buffers
+            np.copyto(view, input_array(name, x, shape, view.dtype.name))
+        for view, value in padding:  # the padding (zeros), and the lengths inputs
+            view.fill(value)
         for kernel, dim in self.skipping[k]:
             kernel.set_live_rows(sizes[dim])
         try:
@@ -194,15 +198,31 @@ class BucketedModel:
         finally:  # the bucket's model called on its own computes every row again
             for kernel, _ in self.skipping[k]:
                 kernel.set_live_rows(None)
-        cuts = self._cuts.get((k, tuple(sizes.items())))
-        if cuts is None:  # the same for every call of these sizes: found once
-            cuts = [_cut_of(model.buffer(o).shape, roles, padded_sizes, sizes)
-                    for o, roles in zip(g.outputs, bucket.plan.output_roles)]
-            self._cuts[(k, tuple(sizes.items()))] = cuts
         results = [_cut(model.buffer(o), cut) for o, cut in zip(g.outputs, cuts)]
         if as_torch:
             results = [numpy_to_tensor(r) for r in results]
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _call_plan(self, k: int, sizes: dict[str, int], padded_sizes: dict[str, int]) -> tuple:
+        """How a call of `sizes` runs bucket `k`: per input, its name, the view of its buffer
+        that the call's array fills and that array's expected shape; the views to fill with a
+        value (each dynamic axis's padding with 0, the lengths inputs with the length); per
+        output, how it is cut back (`_cut_of`)."""
+        bucket, model = self.buckets[k], self.models[k]
+        g = bucket.plan.graph
+        kept, padding = [], []
+        for i, name in enumerate(model.call_inputs[:len(model.call_inputs) - len(bucket.plan.lengths_inputs)]):
+            buffer, axes = model.buffer(name), self.graph.dynamic_axes.get(i, {})
+            shape = tuple(sizes[axes[a]] if a in axes else n for a, n in enumerate(buffer.shape))
+            kept.append((name, buffer[tuple(slice(0, n) for n in shape)], shape))
+            for axis in axes:
+                if shape[axis] < buffer.shape[axis]:
+                    padding.append((buffer[(slice(None),) * axis + (slice(shape[axis], None),)], 0))
+        for dim, name in bucket.plan.lengths_inputs.items():
+            padding.append((model.buffer(name), sizes[dim]))
+        cuts = [_cut_of(model.buffer(o).shape, roles, padded_sizes, sizes)
+                for o, roles in zip(g.outputs, bucket.plan.output_roles)]
+        return kept, padding, cuts
 
     def summary(self) -> str:
         """One line per bucket: the sizes it serves and its model's summary line."""
@@ -212,20 +232,6 @@ class BucketedModel:
                                sorted(b.sizes.items()))
             lines.append(f"bucket {b.label} (serves {served}): {m.summary().splitlines()[0]}")
         return "\n".join(lines)
-
-
-def _pad_into(buffer: np.ndarray, name: str, x: np.ndarray, axes: dict[int, str], sizes: dict[str, int]) -> None:
-    """`x` (its dynamic `axes` at `sizes`) written into the bucket's input `buffer`, the rest
-    of each padded axis zero; a wrong dtype or a wrong static extent is the model's own error."""
-    shape = list(buffer.shape)
-    for axis, dim in axes.items():
-        shape[axis] = sizes[dim]
-    x = input_array(name, x, tuple(shape), buffer.dtype.name)
-    region = tuple(slice(0, n) for n in x.shape)
-    buffer[region] = x
-    for axis in axes:  # the padding after the kept part of each dynamic axis
-        if x.shape[axis] < buffer.shape[axis]:
-            buffer[tuple(slice(x.shape[axis], None) if a == axis else slice(None) for a in range(buffer.ndim))] = 0
 
 
 def _cut_of(shape: tuple, roles: tuple, padded: dict[str, int], sizes: dict[str, int]) -> list[tuple[int, Any]]:

@@ -176,6 +176,7 @@ class CompiledModel:
         self._nbytes = {n: int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
                         for n, t in g.types.items()}
         self._state_writes = state_inputs(g)  # cache input -> the value written into it
+        self._ends = frozenset(self.call_inputs) | frozenset(g.outputs)  # what `buffer` gives
         planned = [PlannedStep(tuple(p.subgraph.inputs), tuple(p.subgraph.outputs), p.view_of, p.in_place)
                    for p in tasks.pieces]
         self.memory: MemoryPlan = plan_memory(planned, self._nbytes, g.inputs,
@@ -305,7 +306,7 @@ class CompiledModel:
         """The model's own memory for a graph input or output: write an input's there and
         `run`, then read an output's (valid until the next call). What a caller that prepares
         its inputs in place (a bucket's padding) uses instead of a call's copies."""
-        if value not in self.call_inputs and value not in self.graph.outputs:
+        if value not in self._ends:
             raise KeyError(f"{value!r} is neither an input a call takes nor an output of the model")
         return self._values[value]
 
