@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from functools import partial
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -321,8 +320,7 @@ def compile_state(task: Task, state: State, record: Record | None = None,
                   builder: Builder | None = None, live_rows: LiveRowsSpec | None = None) -> Kernel:
     """One program of a task compiled (skipping padded rows where `live_rows` says, as in
     `build_many`)."""
-    finish = None if live_rows is None or task.target.kind != "cpu" else partial(_skipping_padded_rows, spec=live_rows)
-    program = build_programs([state], task.target, _entry_name(task), builder, [finish])[0]
+    program = build_programs([state], task.target, _entry_name(task), builder, [_live_rows_pass(task, live_rows)])[0]
     if not program.ok:
         raise RuntimeError(f"compiling {task.name!r} failed: {program.message}")
     return Kernel(task, state, program.source, program.entry, program.build.lib_path, record)
@@ -350,8 +348,7 @@ def build_many(tasks: Sequence[Task], store: RecordStore | None = None, builder:
     the rows past the length `Kernel.set_live_rows` gives (`lower.live_rows`)."""
     chosen = [best_program(task, store) for task in tasks]
     specs = list(live_rows) if live_rows is not None else [None] * len(tasks)
-    finish = [None if spec is None or t.target.kind != "cpu" else partial(_skipping_padded_rows, spec=spec)
-              for t, spec in zip(tasks, specs)]
+    finish = [_live_rows_pass(t, spec) for t, spec in zip(tasks, specs)]
     built: dict[int, BuiltProgram] = {}
     for key in dict.fromkeys(t.target.key for t in tasks):  # one parallel build per target's compiler
         picked = [i for i, t in enumerate(tasks) if t.target.key == key]
@@ -368,8 +365,12 @@ def build_many(tasks: Sequence[Task], store: RecordStore | None = None, builder:
     return kernels
 
 
-def _skipping_padded_rows(func, caps, spec: LiveRowsSpec):
-    return skip_padded_rows(func, spec)
+def _live_rows_pass(task: Task, spec: LiveRowsSpec | None) -> Callable | None:
+    """The finishing pass that makes a CPU kernel skip padded rows where `spec` says (None:
+    no pass; the GPU backends have none)."""
+    if spec is None or task.target.kind != "cpu":
+        return None
+    return lambda func, caps: skip_padded_rows(func, spec)
 
 
 def build(task: Task, store: RecordStore | None = None, state: State | None = None) -> Kernel:

@@ -437,6 +437,12 @@ class CLikePrinter:
         self.emit("}", depth)
 
     # --- functions --------------------------------------------------------------------------
+    def function_prologue(self, func: ir.PrimFunc) -> None:
+        """Lines a dialect puts before a function's body (none by default)."""
+
+    def function_epilogue(self, func: ir.PrimFunc) -> None:
+        """Lines a dialect puts after a function's body (none by default)."""
+
     def signature(self, func: ir.PrimFunc, writes_packed: bool = False) -> str:
         """Pointer parameters, inputs (and packed buffers the function only reads) const."""
         params = []
@@ -447,6 +453,8 @@ class CLikePrinter:
 
     def function(self, func: ir.PrimFunc, fname: str, writes_packed: bool = False) -> str:
         self.lines = []
+        self.function_prologue(func)
         self.stmt(func.body, 1, False)
+        self.function_epilogue(func)
         body = "\n".join(self.lines)
         return f"\n{self.FUNCTION_PREFIX}void {fname}({self.signature(func, writes_packed)}) {{\n{body}\n}}\n"

@@ -131,26 +131,29 @@ class CPrinter(CLikePrinter):
         table = plan.trips_name(s) if plan is not None else None
         return f"{table}[ansor_live_length]" if table else super().loop_bound(s)
 
-    def function(self, func: ir.PrimFunc, fname: str, writes_packed: bool = False) -> str:
-        plan = func.attrs.get("live_rows") if func is self.func else None
-        self.live_plan = plan
+    def function_prologue(self, func: ir.PrimFunc) -> None:
+        """A kernel that skips padded rows reads the call's length first (clamped to the bucket)."""
+        self.live_plan = plan = func.attrs.get("live_rows") if func is self.func else None
         if plan is None:
-            return super().function(func, fname, writes_packed)
-        spec, padded_rows = plan.spec, plan.spec.padded * plan.spec.inner
+            return
+        spec = plan.spec
         self.names.names[id(plan.live)] = "ansor_live"
-        self.lines = []
         self.emit(f"const int32_t ansor_live_length = {live_rows.GLOBAL} >= 0 && {live_rows.GLOBAL} <= "
                   f"{spec.padded} ? {live_rows.GLOBAL} : {spec.padded};", 1)
         self.emit(f"const int32_t ansor_live = ansor_live_length * {spec.inner};", 1)
-        self.stmt(func.body, 1, False)
+
+    def function_epilogue(self, func: ir.PrimFunc) -> None:
+        """... and then sets its output's padded rows to zero, slab by slab."""
+        plan = self.live_plan
+        if plan is None:
+            return
+        padded_rows = plan.spec.padded * plan.spec.inner
         out = self.names(plan.output, plan.output.name)
         slab = padded_rows * plan.row_elements
         self.emit(f"if (ansor_live < {padded_rows})", 1)
         self.emit(f"for (int64_t ansor_slab = 0; ansor_slab < {plan.slabs}; ++ansor_slab)", 2)
         self.emit(f"__builtin_memset({out} + ansor_slab * {slab} + (int64_t)ansor_live * {plan.row_elements}, 0, "
                   f"(size_t)({padded_rows} - ansor_live) * {plan.row_elements} * sizeof(*{out}));", 3)
-        body = "\n".join(self.lines)
-        return f"\n{self.FUNCTION_PREFIX}void {fname}({self.signature(func, writes_packed)}) {{\n{body}\n}}\n"
 
     def live_rows_schedule(self, s: ir.For) -> str:
         """A skipping kernel's parallel loop: the usual static blocks at the full length, one

@@ -54,12 +54,14 @@ class Bucket:
             if piece.lowered is None or piece.view_of is not None:
                 continue
             key = piece.lowered.task.workload_key
-            spec = None if piece.in_place else self._outer_padding(piece)
+            spec = None if piece.in_place else self._padded_axis(piece)
             if found.setdefault(key, spec) != spec:
                 found[key] = None
         return {key: spec for key, spec in found.items() if spec is not None}
 
-    def _outer_padding(self, piece) -> tuple[str, LiveRowsSpec] | None:
+    def _padded_axis(self, piece) -> tuple[str, LiveRowsSpec] | None:
+        """The dimension and `LiveRowsSpec` of the first padded axis of a piece's one output,
+        where that axis holds one dimension whole (None otherwise)."""
         outputs = piece.subgraph.graph.outputs
         task_outputs = piece.lowered.task.outputs
         if len(outputs) != 1 or len(task_outputs) != 1:
@@ -70,9 +72,9 @@ class Bucket:
             return None
         for axis, factors in enumerate(roles):
             if factors:
-                (factor,) = factors if len(factors) == 1 else (None,)
-                if factor is None:
+                if len(factors) != 1:
                     return None
+                (factor,) = factors
                 padded = self.sizes[factor.dim]
                 if shape[axis] != padded * factor.inner:
                     return None

@@ -6,17 +6,17 @@ and k one of its reduction axes, the other read contiguously along k (its last i
 matched against the target's instructions (`ansor.instructions`): a matmul (k the only
 reduction) or an NHWC convolution (k the input channels, the kernel window's axes the other
 reductions: data[n, y*s + ry, x*s + rx, c] x W[ry, rx, c, f]). Where one fits, the stage is
-tiled as every matmul is (SSRSRS, an accumulator per tile), except that k is first split by
-a few instructions' depth (`DEPTH_STEPS`) and that piece stays innermost of the reduction
-loops, and the weight
-is copied into the instruction's layout, tiled along j by the innermost tile and interleaved
-along k by the depth (packed once when it is constant). A row operand that is computed (a
-convolution's padded input) is kept as a copy at the root rather than inlined, so the
-instruction reads it as a plain buffer (the padded copy of an NHWC image costs one pass over
-the input; inlined, its bounds checks would leave only the widening loop). Tile sizes, compute locations, parallelism and unrolling
-are then annotated and evolved as for any sketch; the CPU's lowering (`lower/dot_product.py`)
-turns each accumulator nest of that shape into instructions. A sampled program whose shape
-does not fit (an innermost tile that is not whole vectors) keeps the widening loop.
+tiled as every matmul is (SSRSRS, an accumulator per tile), except that k is first split by a
+few instructions' depth (`DEPTH_STEPS`) and that piece stays innermost of the reduction loops,
+and the weight is copied into the instruction's layout, tiled along j by the innermost tile and
+interleaved along k by the depth (packed once when it is constant). A row operand that is
+computed (a convolution's padded input) is kept as a copy at the root rather than inlined, so
+the instruction reads it as a plain buffer (the padded copy of an NHWC image costs one pass
+over the input; inlined, its bounds checks would leave only the widening loop). Tile sizes,
+compute locations, parallelism and unrolling are then annotated and evolved as for any sketch;
+the CPU's lowering (`lower/dot_product.py`) turns each accumulator nest of that shape into
+instructions. A sampled program whose shape does not fit (an innermost tile that is not whole
+vectors) keeps the widening loop.
 """
 
 from __future__ import annotations
@@ -101,9 +101,9 @@ def _condition(ctx, state: State, sid: int) -> Cond:
 
 
 #: Instructions per iteration of the innermost reduction loop, the most the reduction's extent
-#: allows first. One instruction's depth there (4 products of u8 x s8) ran an 8 x 32 register
-#: tile of the int8 GEMM 1024^3 at 1.9 ms, four at 1.1-1.2 ms (BENCHMARKS.md), and the search
-#: seldom drew that split of the reduction together with such a tile.
+#: allows first. With one instruction's depth there, an 8 x 32 register tile of the int8 GEMM
+#: ran far slower than with four (BENCHMARKS.md, "Low precision: int8 and bf16 GEMM"), and the
+#: search seldom drew the deeper split of the reduction together with such a tile.
 DEPTH_STEPS = (4, 2, 1)
 
 
