@@ -75,6 +75,7 @@ def dry_run(args) -> list[dict]:
     """Template programs of each workload as the search samples them (and nvcc's verdict)."""
     from ansor.backend import generate_source
     from ansor.lower.gemm_template import gemm_template_stage, program_of
+    from ansor.measure.cuda import nvcc_arch
     from ansor.search.sketch_policy import SketchPolicy
 
     rows = []
@@ -96,12 +97,20 @@ def dry_run(args) -> list[dict]:
                 with tempfile.TemporaryDirectory() as tmp:
                     path = Path(tmp) / "k.cu"
                     path.write_text(source)
-                    done = subprocess.run(["nvcc", "-cubin", f"-arch={args.arch}", "-Xptxas", "-v", "-o",
+                    done = subprocess.run(["nvcc", "-cubin", f"-arch={nvcc_arch(args.arch)}", "-Xptxas", "-v", "-o",
                                            str(path.with_suffix(".cubin")), str(path)], capture_output=True, text=True)
                 row["nvcc"] = "ok" if done.returncode == 0 else done.stderr[-400:]
             rows.append(row)
             _write(args, row)
     return rows
+
+
+def program_text(kernel) -> str:
+    """The built kernel's template program in words (its knobs), or what it is instead."""
+    from ansor.lower.gemm_template import gemm_template_stage, program_of
+
+    sid = gemm_template_stage(kernel.state) if kernel.state is not None else None
+    return str(program_of(kernel.state, sid)) if sid is not None else "not a template program"
 
 
 def _timed(fn, start, end, number: int) -> float:
@@ -111,6 +120,35 @@ def _timed(fn, start, end, number: int) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / number * 1e-3
+
+
+def device_launches(source: str, arch: str, device: dict):
+    """A function that launches the program's kernels on `device` arrays (by buffer name),
+    compiled by nvcc as the tuner compiles them (sm_90 as sm_90a) and given their dynamic
+    shared memory."""
+    import cupy
+
+    from ansor.measure.cuda import nvcc_arch
+    from ansor.measure.gpu_module import GPUModule
+
+    module = GPUModule.parse(source)
+    tmp = tempfile.mkdtemp(prefix="ansor-gemm-")  # kept: cupy loads the cubin lazily, at get_function
+    cu = Path(tmp) / "best.cu"
+    cu.write_text(source)
+    subprocess.run(["nvcc", "-cubin", f"-arch={nvcc_arch(arch)}", "-o", str(cu.with_suffix(".cubin")), str(cu)],
+                   check=True, capture_output=True)
+    raw = cupy.RawModule(path=str(cu.with_suffix(".cubin")))
+    launches = []
+    for k in module.kernels:
+        fn = raw.get_function(k.name)
+        if k.shared_bytes > 48 * 1024:
+            fn.max_dynamic_shared_size_bytes = k.shared_bytes
+        launches.append((fn, k.grid, k.block, tuple(device[n] for n in k.args), k.shared_bytes))
+
+    def call():
+        for fn, grid, block, fargs, shared in launches:
+            fn(grid, block, fargs, shared_mem=shared)
+    return call
 
 
 def run_on_gpu(args) -> list[dict]:
@@ -131,12 +169,6 @@ def run_on_gpu(args) -> list[dict]:
         tuned_s = time.perf_counter() - started
         kernel = ansor.build(task, database=database)
         module = GPUModule.parse(kernel.source)
-        tmp = tempfile.mkdtemp(prefix="ansor-gemm-")  # kept: cupy loads the cubin lazily, at get_function
-        cu = Path(tmp) / "best.cu"
-        cu.write_text(kernel.source)
-        subprocess.run(["nvcc", "-cubin", f"-arch={args.arch}", "-o", str(cu.with_suffix(".cubin")), str(cu)],
-                       check=True, capture_output=True)
-        raw = cupy.RawModule(path=str(cu.with_suffix(".cubin")))
         torch_dtype = getattr(torch, dtype)
         gen = torch.Generator(device="cuda").manual_seed(args.seed)
         a = torch.randn(args.size, args.size, device="cuda", generator=gen).to(torch_dtype)
@@ -147,12 +179,7 @@ def run_on_gpu(args) -> list[dict]:
         temps = {buf.name: cupy.empty(buf.shape, dtype=np.float32 if buf.dtype == "float32" else np.uint16)
                  for buf in module.buffers if buf.name not in device}
         device.update(temps)
-        launches = [(raw.get_function(k.name), k.grid, k.block, tuple(device[n] for n in k.args))
-                    for k in module.kernels]
-
-        def ansor_call():
-            for fn, grid, block, fargs in launches:
-                fn(grid, block, fargs)
+        ansor_call = device_launches(kernel.source, args.arch, device)
 
         ansor_call()
         torch.cuda.synchronize()
@@ -173,7 +200,9 @@ def run_on_gpu(args) -> list[dict]:
                "trials": result.trials, "tune_seconds": round(tuned_s, 1), "correct": ok,
                "max_rel_error": error, "ansor_ms": t_ours * 1e3, "cublas_ms": t_theirs * 1e3,
                "ansor_tflops": flops / t_ours / 1e12, "cublas_tflops": flops / t_theirs / 1e12,
-               "ratio_vs_cublas": t_theirs / t_ours, "tensor_core_template": "nvcuda::wmma" in kernel.source,
+               "ratio_vs_cublas": t_theirs / t_ours, "tensor_core_template": ("wgmma" if "wgmma.mma_async" in kernel.source else
+                                        "wmma" if "nvcuda::wmma" in kernel.source else None),
+               "program": program_text(kernel),
                "ansor_runs_ms": [x * 1e3 for x in ours], "cublas_runs_ms": [x * 1e3 for x in theirs]}
         rows.append(row)
         _write(args, row)

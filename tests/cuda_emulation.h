@@ -4,14 +4,19 @@
    of a warp holds and computes in full (the collective operations' meaning, computed 32 times).
    float16 is _Float16; bfloat16 is its bits, rounded to nearest even on conversion. */
 #pragma once
+#include <algorithm>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <thread>
 #include <vector>
 
+using std::min;
+using std::max;
 struct emu_dim3 { unsigned x = 0, y = 0, z = 0; };
 inline thread_local emu_dim3 threadIdx, blockIdx;
 inline std::barrier<>* emu_block_barrier = nullptr;
@@ -30,6 +35,7 @@ struct uint2 { unsigned x, y; };
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(8) float2 { float x, y; };
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return {x, y}; }
 
 typedef _Float16 __half;
 struct __nv_bfloat16 { uint16_t bits; };
@@ -91,3 +97,54 @@ void emu_launch(F kernel, emu_dim3 grid, unsigned threads) {
       for (auto& th : pool) th.join();
     }
 }
+
+/* Hopper's wgmma template (ansor.codegen.gemm_wgmma): dynamic shared memory is one static
+   array whose offsets stand for shared addresses; cp.async is a plain copy; a product reads
+   its operands through the descriptors as the PTX ISA's canonical 128-byte-swizzled layouts
+   say (K-major: 8-row groups SBO apart, 16 k contiguous; MN-major: 64-wide atoms LBO apart,
+   8-k-row groups SBO apart; the 16-byte chunk of an address XORed with its 128-byte row mod
+   8), and each thread computes its own accumulators in the fragment layout. */
+#define ANSOR_EMULATED_WGMMA 1
+inline unsigned char* emu_smem = nullptr;
+#define ANSOR_DYNAMIC_SHARED(name) alignas(1024) static unsigned char name[232448 + 1024]; emu_smem = name
+inline unsigned ansor_smem_address(const void* p) { return (unsigned)((const unsigned char*)p - emu_smem); }
+inline void ansor_cp_async16(unsigned dst, const void* src) { std::memcpy(emu_smem + dst, src, 16); }
+inline void ansor_cp_async_commit() {}
+template <int N> void ansor_cp_async_wait() {}
+inline void ansor_fence_proxy_async() {}
+inline void ansor_wgmma_fence() {}
+inline void ansor_wgmma_commit() {}
+template <int N> void ansor_wgmma_wait() {}
+
+inline unsigned emu_swizzle128(unsigned address) { return address ^ (((address >> 7) & 7u) << 4); }
+template <typename T>
+float emu_operand(unsigned long long desc, int mn, int k, bool mn_major) {
+  if ((desc >> 62) != 1) { std::fprintf(stderr, "emulation: only the 128-byte swizzle\n"); std::abort(); }
+  const unsigned start = (unsigned)(desc & 0x3FFFull) << 4;
+  const unsigned leading = (unsigned)((desc >> 16) & 0x3FFFull) << 4;
+  const unsigned stride = (unsigned)((desc >> 32) & 0x3FFFull) << 4;
+  const unsigned size = (unsigned)sizeof(T);
+  unsigned address = mn_major
+      ? start + (mn % 64) * size + (mn / 64) * leading + (k % 8) * 128 + (k / 8) * stride
+      : start + (mn % 8) * 128 + (mn / 8) * stride + k * size;
+  T value;
+  std::memcpy(&value, emu_smem + emu_swizzle128(address), sizeof(T));
+  return emu_float(value);
+}
+template <int N, typename T, int TRANS_B>
+void emu_wgmma(float (&d)[N / 2], unsigned long long a, unsigned long long b) {
+  const int lane = (int)(threadIdx.x % 128);
+  for (int r = 0; r < N / 2; ++r) {
+    const int row = 16 * (lane / 32) + (lane % 32) / 4 + 8 * ((r % 4) / 2);
+    const int col = 8 * (r / 4) + 2 * (lane % 4) + r % 2;
+    float sum = d[r];
+    for (int k = 0; k < 16; ++k) sum += emu_operand<T>(a, row, k, false) * emu_operand<T>(b, col, k, TRANS_B);
+    d[r] = sum;
+  }
+}
+#define EMU_WGMMA(N, NAME, T) \
+  inline void ansor_wgmma_m64n##N##k16_##NAME##_b0(float (&d)[N / 2], unsigned long long a, unsigned long long b) { emu_wgmma<N, T, 0>(d, a, b); } \
+  inline void ansor_wgmma_m64n##N##k16_##NAME##_b1(float (&d)[N / 2], unsigned long long a, unsigned long long b) { emu_wgmma<N, T, 1>(d, a, b); }
+EMU_WGMMA(64, f16, __half) EMU_WGMMA(128, f16, __half) EMU_WGMMA(192, f16, __half) EMU_WGMMA(256, f16, __half)
+EMU_WGMMA(64, bf16, __nv_bfloat16) EMU_WGMMA(128, bf16, __nv_bfloat16) EMU_WGMMA(192, bf16, __nv_bfloat16)
+EMU_WGMMA(256, bf16, __nv_bfloat16)

@@ -29,7 +29,8 @@ def test_dry_run_samples_template_programs_and_writes_json_lines(tmp_path):
     rows = _script().main(["--dry-run", "--size", "512", "--programs", "2", "--dtypes", "float16,float32",
                            "--out", str(tmp_path)])
     assert {r["dtype"] for r in rows} == {"float16", "float32"} and len(rows) == 4
-    assert all(r["program"].startswith(("wmma_m16n16k16_f16_f32", "fma_f32")) for r in rows)
+    # sm_90 (the default): Hopper's warpgroup products for 16-bit operands, FMA for float32
+    assert all(r["program"].startswith(("wgmma_m64nNk16_f16_f32", "fma_f32")) for r in rows)
     written = [json.loads(line) for line in (tmp_path / "gpu_tensorcore.jsonl").read_text().splitlines()]
     assert written == rows
     if shutil.which("nvcc"):

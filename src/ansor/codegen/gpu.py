@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from ansor.codegen.c_like import C_KEYWORDS, CLikePrinter, PreludePiece, _helpers
 from ansor.codegen.gemm_cuda import TEMPLATE_LOCALS, gemm_cuda_body
+from ansor.codegen.gemm_wgmma import WGMMA_LOCALS, gemm_wgmma_body, wgmma_prelude
 from ansor.lower import ir
 from ansor.lower.gemm_template import GemmProgram
 from ansor.lower.gpu import AXIS, BLOCK_KINDS, THREAD_KINDS, kernels_of
@@ -195,8 +196,9 @@ class GPUPrinter(CLikePrinter):
                 self._half_types(b.dtype)  # refused by name where the dialect has none
         self.fname = ""
         self.uses_mma = False  # whether a template's text uses Tensor Core fragments (mma.h)
+        self.wgmma_shapes: set[tuple[int, str, int]] = set()  # the wgmma products the text calls
         if any(isinstance(s, ir.WrittenProgram) for k in self.kernels for s in ir.walk_stmts(k)):
-            self.names.used |= TEMPLATE_LOCALS  # the names a template's text declares
+            self.names.used |= TEMPLATE_LOCALS | WGMMA_LOCALS  # the names a template's text declares
         for k in self.kernels:
             self.names(k, k.name)
 
@@ -290,9 +292,11 @@ class GPUPrinter(CLikePrinter):
             p = s.template
             if p.a.dtype in HALF_DTYPES:
                 self._half_types(p.a.dtype)
-            self.uses_mma |= p.instruction.tensor_core
+            self.uses_mma |= p.instruction.kind == "wmma"
+            if p.is_wgmma:
+                self.wgmma_shapes.add((p.knobs.tile_n, p.a.dtype, 0 if p.match.b_transposed else 1))
             names = (self.names(b, b.name) for b in (p.a, p.b, p.c))
-            self.lines.extend(gemm_cuda_body(p, *names))
+            self.lines.extend((gemm_wgmma_body if p.is_wgmma else gemm_cuda_body)(p, *names))
             return
         super().dialect_stmt(s, depth, in_parallel)
 
@@ -335,7 +339,8 @@ class GPUPrinter(CLikePrinter):
         kernels = self.kernels
         text = "".join(self.kernel(k) for k in kernels)
         launches = [{"name": self.names(k, k.name), "grid": list(k.grid), "block": list(k.block),
-                     "args": [self.names(b, b.name) for b in k.params]} for k in kernels]
+                     "args": [self.names(b, b.name) for b in k.params],
+                     **({"shared": k.dynamic_shared_bytes} if k.dynamic_shared_bytes else {})} for k in kernels]
         buffers = [{"name": self.names(b, b.name), "shape": list(b.shape), "dtype": b.dtype,
                     "role": b.role if b.role in ("input", "output") else "temp"} for b in self.func.params]
         header = LAUNCH_PREFIX + json.dumps({"language": self.dialect.language, "kernels": launches,
@@ -344,7 +349,8 @@ class GPUPrinter(CLikePrinter):
         fp64 = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if uses_double and self.dialect is OPENCL else ""
         half = self.dialect.half_headers if self.uses_half else ""
         half += "#include <mma.h>\n" if self.uses_mma else ""
-        return header + "\n" + fp64 + half + self.dialect.header + self.prelude() + text
+        wgmma = wgmma_prelude(self.wgmma_shapes) if self.wgmma_shapes else ""
+        return header + "\n" + fp64 + half + self.dialect.header + self.prelude() + wgmma + text
 
 
 def print_gpu(func: ir.PrimFunc, language: str,

@@ -46,6 +46,7 @@ from ansor.graph.model_tasks import ModelTasks, extract_tasks
 from ansor.graph.reference import gathered_indices, random_inputs, run_graph
 from ansor.kernel import Kernel, build_many, input_array
 from ansor.measure.check import task_rtol
+from ansor.measure.cuda import nvcc_arch
 from ansor.measure.gpu_module import GPUModule
 from ansor.records import RecordStore
 from ansor.target import Target
@@ -67,6 +68,7 @@ class Launch:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     buffers: tuple[int, ...]
+    shared_bytes: int = 0       # dynamic shared memory of each block
 
 
 def refusal(tasks: ModelTasks) -> str | None:
@@ -126,8 +128,8 @@ class CudaModel:
                     if (piece.key, buf.name) not in scratch:
                         scratch[(piece.key, buf.name)] = self._new_buffer(buf.nbytes)
                     where[buf.name] = scratch[(piece.key, buf.name)]
-            self.launches += [Launch(_kernel_name(index, k.name), k.grid, k.block, tuple(where[a] for a in k.args))
-                              for k in module.kernels]
+            self.launches += [Launch(_kernel_name(index, k.name), k.grid, k.block, tuple(where[a] for a in k.args),
+                                     k.shared_bytes) for k in module.kernels]
         self.source = self._write_source()
         self._lib: Any = None
 
@@ -179,7 +181,7 @@ class CudaModel:
         if not path.exists():
             cu = path.with_suffix(".cu")
             cu.write_text(self.source)
-            done = subprocess.run([nvcc, f"-arch={self.target.isa}", "-O3", "--shared", "-Xcompiler", "-fPIC",
+            done = subprocess.run([nvcc, f"-arch={nvcc_arch(self.target.isa)}", "-O3", "--shared", "-Xcompiler", "-fPIC",
                                    "-o", str(path), str(cu), "-lcudart"], capture_output=True, text=True)
             if done.returncode:
                 raise RuntimeError(f"nvcc could not build the CUDA model: {done.stderr[-2000:]}")
@@ -258,15 +260,23 @@ def _driver(model: CudaModel, kernel_ns: dict[str, str]) -> str:
     outs = ", ".join(str(model.memory.storage[o]) for o in g.outputs) or "0"
     in_bytes = ", ".join(str(int(np.prod(g.types[i].shape)) * np.dtype(g.types[i].dtype).itemsize) for i in g.inputs) or "0"
     out_bytes = ", ".join(str(int(np.prod(g.types[o].shape)) * np.dtype(g.types[o].dtype).itemsize) for o in g.outputs) or "0"
-    launches = []
+    launches, shared_limits = [], []
     for launch in model.launches:
         args = ", ".join(f"ansor_arg{{ansor_buffers[{b}]}}" for b in launch.buffers)
-        launches.append(f"  ANSOR_LAUNCH({kernel_ns[launch.kernel]}::{launch.kernel}, {launch.grid[0]}, {launch.grid[1]}, "
-                        f"{launch.grid[2]}, {launch.block[0]}, {launch.block[1]}, {launch.block[2]}, {args});")
+        kernel = f"{kernel_ns[launch.kernel]}::{launch.kernel}"
+        dims = f"{launch.grid[0]}, {launch.grid[1]}, {launch.grid[2]}, {launch.block[0]}, {launch.block[1]}, {launch.block[2]}"
+        if launch.shared_bytes:
+            launches.append(f"  ANSOR_LAUNCH_SHARED({kernel}, {dims}, {launch.shared_bytes}, {args});")
+            shared_limits.append(f"  if (ansor_failed(cudaFuncSetAttribute({kernel}, "
+                                 f"cudaFuncAttributeMaxDynamicSharedMemorySize, {launch.shared_bytes}))) return 1;")
+        else:
+            launches.append(f"  ANSOR_LAUNCH({kernel}, {dims}, {args});")
     return f"""/* ---- the driver: {len(model.launches)} launches on {n} device buffers ---- */
 #ifndef ANSOR_LAUNCH
 #define ANSOR_LAUNCH(kernel, gx, gy, gz, bx, by, bz, ...) kernel<<<dim3(gx, gy, gz), dim3(bx, by, bz)>>>(__VA_ARGS__)
 #endif
+#define ANSOR_LAUNCH_SHARED(kernel, gx, gy, gz, bx, by, bz, shared, ...) \\
+  kernel<<<dim3(gx, gy, gz), dim3(bx, by, bz), shared>>>(__VA_ARGS__)
 struct ansor_arg {{ void* p; template <class T> operator T*() const {{ return (T*)p; }} }};
 static void* ansor_buffers[{n}];
 static const size_t ansor_buffer_bytes[{n}] = {{{sizes}}};
@@ -293,6 +303,7 @@ extern "C" int ansor_model_init(const void* const* weights) {{
     int b = ansor_weight_buffers[i];
     if (ansor_failed(cudaMemcpy(ansor_buffers[b], weights[i], ansor_buffer_bytes[b], cudaMemcpyHostToDevice))) return 1;
   }}
+{chr(10).join(shared_limits)}
   return 0;
 }}
 

@@ -201,7 +201,8 @@ class GPUKernel(Stmt):
     Inside `body`, loops bound to blockIdx/threadIdx stay `For` nodes of those kinds (the
     printer reads each from the hardware index; a thread loop shorter than the block is
     guarded), `vthread` loops run serially, shared buffers are allocated at the top and
-    barriers stand around their fills. `params` are the buffers it reads and writes.
+    barriers stand around their fills. `params` are the buffers it reads and writes;
+    `dynamic_shared_bytes` is the shared memory the launch gives it beyond its static arrays.
     """
 
     name: str
@@ -209,6 +210,7 @@ class GPUKernel(Stmt):
     block: tuple[int, int, int]
     params: list[Buffer]
     body: Stmt
+    dynamic_shared_bytes: int = 0
 
     @property
     def threads(self) -> int:

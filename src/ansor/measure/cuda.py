@@ -47,6 +47,13 @@ def _normalize_arch(arch: str) -> str:
     return f"sm_{arch}" if arch.isdigit() else arch
 
 
+def nvcc_arch(arch: str) -> str:
+    """The -arch nvcc builds for: sm_90 as sm_90a, whose cubins run on every compute-capability
+    9.0 GPU and may hold Hopper's own instructions (wgmma), which plain sm_90 refuses."""
+    arch = _normalize_arch(arch)
+    return "sm_90a" if arch == "sm_90" else arch
+
+
 _ENTRY = re.compile(r"Compiling entry function '([^']+)'")
 _PROPERTIES = re.compile(r"Function properties for (\S+)")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -108,7 +115,7 @@ class CudaBuilder(CachedBuilder):
         self.allow_spills = allow_spills
 
     def command(self, cu_path: str, cubin_path: str) -> list[str]:
-        return [self.nvcc, "-cubin", f"-arch={self.arch}", "-Xptxas", "-v", *self.flags,
+        return [self.nvcc, "-cubin", f"-arch={nvcc_arch(self.arch)}", "-Xptxas", "-v", *self.flags,
                 "-o", cubin_path, cu_path]
 
     def source_hash(self, source: str) -> str:
@@ -207,16 +214,21 @@ class CudaKernel(DeviceKernel):
         self.module = module or GPUModule.parse(Path(self.path).with_suffix(".cu").read_text())
         raw = cupy.RawModule(path=self.path)
         self._device = {b.name: cupy.empty(b.shape, dtype=_device_dtype(b.np_dtype)) for b in self.module.buffers}
-        self._launches = [(raw.get_function(k.name), k.grid, k.block,
-                           tuple(self._device[name] for name in k.args)) for k in self.module.kernels]
+        self._launches = []
+        for k in self.module.kernels:
+            function = raw.get_function(k.name)
+            if k.shared_bytes > 48 * 1024:  # past 48 KB a kernel must opt in to its shared memory
+                function.max_dynamic_shared_size_bytes = k.shared_bytes
+            self._launches.append((function, k.grid, k.block, tuple(self._device[name] for name in k.args),
+                                   k.shared_bytes))
 
     def _copy_in(self, checked: list[np.ndarray]) -> None:
         for buffer, array in zip(self.module.parameters, checked):
             self._device[buffer.name].set(array.view(_device_dtype(array.dtype)))
 
     def _launch(self) -> None:
-        for function, grid, block, args in self._launches:
-            function(grid, block, args)
+        for function, grid, block, args, shared in self._launches:
+            function(grid, block, args, shared_mem=shared)
 
     def __call__(self, *arrays: np.ndarray) -> None:
         """Run the program once on `(*inputs, *outputs)` (or one list, as KernelLibrary)."""

@@ -42,12 +42,14 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 @dataclass(frozen=True)
 class KernelLaunch:
-    """One kernel launch: grid in blocks (CUDA style), block in threads, buffer names as args."""
+    """One kernel launch: grid in blocks (CUDA style), block in threads, buffer names as args,
+    and the dynamic shared memory the launch gives each block (bytes; "shared" in the plan)."""
 
     name: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     args: tuple[str, ...]
+    shared_bytes: int = 0
 
     @property
     def global_size(self) -> tuple[int, int, int]:
@@ -55,8 +57,8 @@ class KernelLaunch:
         return tuple(g * b for g, b in zip(self.grid, self.block))  # type: ignore[return-value]
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "grid": list(self.grid), "block": list(self.block),
-                "args": list(self.args)}
+        plan = {"name": self.name, "grid": list(self.grid), "block": list(self.block), "args": list(self.args)}
+        return {**plan, "shared": self.shared_bytes} if self.shared_bytes else plan
 
 
 @dataclass(frozen=True)
@@ -214,8 +216,11 @@ def _kernel(entry: Any, index: int, buffer_names: set[str]) -> KernelLaunch:
     unknown = [a for a in args if a not in buffer_names]
     if unknown:
         raise ValueError(f"{where} ({name}): args name no buffer: {', '.join(unknown)}")
+    shared = entry.get("shared", 0)
+    if not _is_int(shared) or shared < 0:
+        raise ValueError(f"{where} ({name}): shared must be a non-negative integer of bytes, got {shared!r}")
     return KernelLaunch(name, tuple(int(d) for d in grid), tuple(int(d) for d in block),  # type: ignore[arg-type]
-                        tuple(args))
+                        tuple(args), shared)
 
 
 def _is_int(value: Any) -> bool:

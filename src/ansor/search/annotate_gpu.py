@@ -32,7 +32,7 @@ from ansor.schedule.steps import AnnotateStep, SplitStep
 from ansor.search.annotate import annotate, annotate_unroll, register_level_splits, sample_factors
 from ansor.search.core_use import idle_cores
 from ansor.search.params import SearchParams
-from ansor.search.sketch_gemm import annotate_gemm, is_gemm_sketch
+from ansor.search.sketch_gemm import annotate_gemm, cuda_arch, is_gemm_sketch
 from ansor.search.template import annotate_template, template_stage_of
 
 THREAD_COUNTS = (32, 64, 128, 256, 512, 1024)  # block sizes an untiled stage draws from
@@ -57,6 +57,7 @@ class GPUHardware:
     shared_bytes: int = 48 * 1024   # per block
     registers_per_block: int = 65536  # 32-bit registers a block's threads share (NVIDIA since Kepler)
     local_bytes: int = 4096         # private arrays per thread
+    arch: int = 0                   # CUDA compute capability (90 for sm_90); 0 for other targets
 
     @property
     def limits(self) -> GPULimits:
@@ -69,7 +70,7 @@ def gpu_hardware(target, max_thread_tile: int = 64) -> GPUHardware:
 
     caps = backend_for(target).capabilities(target)
     return GPUHardware(caps.max_threads_per_block, caps.max_vthread, caps.warp_size, max_thread_tile,
-                       caps.shared_memory_bytes, caps.local_memory_bytes)
+                       caps.shared_memory_bytes, caps.local_memory_bytes, arch=cuda_arch(target))
 
 
 def annotate_gpu(sketch_steps: list, dag, rng: random.Random, params: SearchParams,
@@ -79,7 +80,7 @@ def annotate_gpu(sketch_steps: list, dag, rng: random.Random, params: SearchPara
     the block's limits (shared memory depends on the tiles of every stage together: about two
     thirds of a convolution's unchecked draws overflowed it)."""
     if is_gemm_sketch(sketch_steps):  # a template's knobs (search/sketch_gemm.py)
-        return annotate_gemm(sketch_steps, dag, rng, params, hw.limits)
+        return annotate_gemm(sketch_steps, dag, rng, params, hw.limits, hw.arch or 90)
     names = step_stage_names(dag, tuple(sketch_steps))
     for _ in range(MAX_VALID_TRIES):
         try:

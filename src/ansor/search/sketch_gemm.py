@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from ansor.lower.gemm_template import PRAGMA, GemmKnobs, lower_gemm
+from ansor.lower.gemm_template import PRAGMA, WGMMA_K, WGMMA_MAX_ACCUMULATORS, WGMMA_TILES_N, GemmKnobs, lower_gemm
 from ansor.lower.gpu import GPULimits, lower_for_gpu
 from ansor.schedule.state import ScheduleError, State
 from ansor.schedule.steps import PragmaStep, SplitStep
@@ -34,6 +34,10 @@ FMA_TILES = (1, 2, 4, 8)         # a thread's rows and columns
 FMA_BLOCK_K = (4, 8, 16, 32)
 STAGES = (1, 2)
 UNROLLS = (0, 1, 2, 4)           # 0: the whole k-step loop
+WGMMA_GROUPS = (1, 2)            # warpgroups along rows and along columns
+WGMMA_TILES_M = (64, 128)
+WGMMA_STAGES = (2, 3, 4, 5, 6)
+WGMMA_GROUP_ROWS = (0, 4, 8, 16)
 
 
 def cuda_arch(target) -> int:
@@ -85,6 +89,8 @@ def _divisors(n: int, menu: tuple[int, ...]) -> list[int]:
 
 def draw_knobs(match: GemmMatch, rng: random.Random) -> GemmKnobs | None:
     """Random knobs that the instruction, the shapes and the alignment allow, or None."""
+    if match.instruction.kind == "wgmma":
+        return _draw_wgmma_knobs(match, rng)
     size = 4 if match.a.dtype == "float32" else 2
     b_row = match.k if match.b_transposed else match.n
     for _ in range(MAX_DRAWS):
@@ -114,6 +120,22 @@ def draw_knobs(match: GemmMatch, rng: random.Random) -> GemmKnobs | None:
         vector = vectors[0] if rng.random() < 0.75 else rng.choice(vectors)
         return GemmKnobs(wm, wn, tm, tn, bk, rng.choice(STAGES), rng.choice(pads), vector,
                          rng.choice(UNROLLS), interleave)
+    return None
+
+
+def _draw_wgmma_knobs(match: GemmMatch, rng: random.Random) -> GemmKnobs | None:
+    """Warpgroup tiles whose accumulators fit the registers; the shared-memory limit of the
+    stages is checked when the program is lowered."""
+    for _ in range(MAX_DRAWS):
+        wm, wn = rng.choice(WGMMA_GROUPS), rng.choice(WGMMA_GROUPS)
+        tm, tn = rng.choice(WGMMA_TILES_M), rng.choice(WGMMA_TILES_N)
+        if wm * wn > 2 or tm * tn // 128 > WGMMA_MAX_ACCUMULATORS:
+            continue
+        if match.m % (wm * tm) or match.n % (wn * tn) or match.k % WGMMA_K:
+            continue
+        stages = rng.choice(WGMMA_STAGES)
+        in_flight = rng.choice((0, 1)) if stages > 2 else 0
+        return GemmKnobs(wm, wn, tm, tn, WGMMA_K, stages, 0, 8, 0, 0, 1, in_flight, rng.choice(WGMMA_GROUP_ROWS))
     return None
 
 

@@ -1,7 +1,7 @@
 """Matrix instructions described as tiny computations, and the stages they can compute.
 
-A matrix instruction (a Tensor Core's WMMA 16x16x16 product, or the plain fused multiply-add
-of one thread) is declared with te like any workload: `C[i, j] = sum(A[i, k] * B[k, j])` of
+A matrix instruction (a Hopper warpgroup's `wgmma` product, a Tensor Core's WMMA 16x16x16
+product, or the plain fused multiply-add of one thread) is declared with te like any workload: `C[i, j] = sum(A[i, k] * B[k, j])` of
 its own shape and element types. A stage can use the instruction when its body has the same
 form: one sum over one reduce axis of a product of two input reads, each operand converted
 the way the instruction converts it, the operands indexed by (row, reduce) and (reduce,
@@ -21,8 +21,12 @@ from ansor.te.tensor import ComputeOp, PlaceholderOp, Tensor, compute, placehold
 
 @dataclass(frozen=True)
 class MatrixInstruction:
-    """One warp's (or one thread's) product of an m x k and a k x n tile of `operand_dtype`,
-    accumulated in `accumulate_dtype`; usable from compute capability `min_arch` on."""
+    """The product of an m x k and a k x n tile of `operand_dtype`, accumulated in
+    `accumulate_dtype`, that `threads` threads issue together; usable on compute capabilities
+    `min_arch` to `max_arch` (0: no upper bound). `kind` names the template text that uses it:
+    "wgmma" (a warpgroup, operands in swizzled shared memory), "wmma" (a warp's fragments) or
+    "fma" (one thread's multiply-add). For wgmma, m x n x k is the template's granularity (a
+    warpgroup's 64 rows, 64-column swizzle atoms, 64-deep k tiles), not one instruction's."""
 
     name: str
     m: int
@@ -32,6 +36,9 @@ class MatrixInstruction:
     accumulate_dtype: str
     min_arch: int
     tensor_core: bool
+    kind: str = "wmma"
+    threads: int = 32
+    max_arch: int = 0
 
     def declaration(self) -> tuple[Tensor, Tensor, Tensor]:
         """The instruction as a te computation: (A, B, C)."""
@@ -51,13 +58,20 @@ class MatrixInstruction:
         return body_form(self.declaration()[2].op)[0]
 
 
+#: Hopper's warpgroup products (`wgmma.mma_async`, sm_90a): 4 warps issue 64 x N x 16 products
+#: from shared memory, asynchronously; compute capability 9.0 only (Blackwell has tcgen05 instead)
+WGMMA_F16 = MatrixInstruction("wgmma_m64nNk16_f16_f32", 64, 64, 64, "float16", "float32", 90, True,
+                              "wgmma", 128, 90)
+WGMMA_BF16 = MatrixInstruction("wgmma_m64nNk16_bf16_f32", 64, 64, 64, "bfloat16", "float32", 90, True,
+                               "wgmma", 128, 90)
 #: Tensor Core products of one warp (nvcuda::wmma fragments): float16 from Volta, bfloat16 from
 #: Ampere; both accumulate in float32
 WMMA_F16 = MatrixInstruction("wmma_m16n16k16_f16_f32", 16, 16, 16, "float16", "float32", 70, True)
 WMMA_BF16 = MatrixInstruction("wmma_m16n16k16_bf16_f32", 16, 16, 16, "bfloat16", "float32", 80, True)
 #: one thread's float32 fused multiply-add (the sgemm instruction)
-FMA_F32 = MatrixInstruction("fma_f32", 1, 1, 1, "float32", "float32", 0, False)
-INSTRUCTIONS = (WMMA_F16, WMMA_BF16, FMA_F32)
+FMA_F32 = MatrixInstruction("fma_f32", 1, 1, 1, "float32", "float32", 0, False, "fma", 1)
+#: in order of preference: the first that fits a stage computes it
+INSTRUCTIONS = (WGMMA_F16, WGMMA_BF16, WMMA_F16, WMMA_BF16, FMA_F32)
 
 
 @dataclass(frozen=True)
@@ -125,6 +139,7 @@ def match_gemm(op, arch: int, instructions: tuple[MatrixInstruction, ...] = INST
     m, n = op.shape
     k = op.body.axes[0].extent
     for ins in instructions:
-        if ins.form == form and arch >= ins.min_arch and m % ins.m == 0 and n % ins.n == 0 and k % ins.k == 0:
+        usable = arch >= ins.min_arch and (not ins.max_arch or arch <= ins.max_arch)
+        if ins.form == form and usable and m % ins.m == 0 and n % ins.n == 0 and k % ins.k == 0:
             return GemmMatch(ins, a, b, m, n, k, b_transposed)
     return None
