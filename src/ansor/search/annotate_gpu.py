@@ -70,7 +70,7 @@ def gpu_hardware(target, max_thread_tile: int = 64) -> GPUHardware:
 
     caps = backend_for(target).capabilities(target)
     return GPUHardware(caps.max_threads_per_block, caps.max_vthread, caps.warp_size, max_thread_tile,
-                       caps.shared_memory_bytes, caps.local_memory_bytes, arch=cuda_arch(target))
+                       caps.shared_memory_bytes, local_bytes=caps.local_memory_bytes, arch=cuda_arch(target))
 
 
 def annotate_gpu(sketch_steps: list, dag, rng: random.Random, params: SearchParams,

@@ -270,9 +270,15 @@ class SketchPolicy(SearchPolicy):
 
 def sketch_structure(steps: Sequence) -> tuple:
     """What a sketch fixes in its steps: all of each step but the lengths of a split, of which
-    only the number of levels (annotation fills in the lengths and adds steps after them)."""
-    return tuple(repr([len(v) if f == "lengths" and v is not None else v
-                       for f, v in zip(("tag", *(x.name for x in fields(st))), st.to_json())])
+    only the number of levels, and the value of a template's pragma, of which only the name
+    before "$" (annotation fills in lengths and knobs, and adds steps after them)."""
+    def part(field: str, value):
+        if field == "lengths" and value is not None:
+            return len(value)
+        if field == "pragma" and isinstance(value, str):
+            return value.split("$", 1)[0]
+        return value
+    return tuple(repr([part(f, v) for f, v in zip(("tag", *(x.name for x in fields(st))), st.to_json())])
                  for st in steps)
 
 
