@@ -33,10 +33,14 @@ FMA_THREADS = (4, 8, 16, 32)     # threads along rows and along columns (64 to 2
 FMA_TILES = (1, 2, 4, 8)         # a thread's rows and columns
 FMA_BLOCK_K = (4, 8, 16, 32)
 STAGES = (1, 2)
+MAX_STAGED_LOADS = 32            # loads of a tile a thread may hold in registers
 UNROLLS = (0, 1, 2, 4)           # 0: the whole k-step loop
-WGMMA_GROUPS = (1, 2)            # warpgroups along rows and along columns
+WGMMA_GROUPS = (1, 2)            # warpgroups along rows and along columns (4 only with small tiles)
 WGMMA_TILES_M = (64, 128)
-WGMMA_STAGES = (2, 3, 4, 5, 6)
+# stages weighted to 4 and a batch left in flight most of the time: on an H200 (BENCHMARKS.md)
+# every pair of programs that differed in these alone was 0.05-0.18x of cuBLAS faster with them
+WGMMA_STAGES = (2, 3, 4, 4, 5, 6)
+WGMMA_IN_FLIGHT_SHARE = 0.8
 WGMMA_GROUP_ROWS = (0, 4, 8, 16)
 
 
@@ -118,6 +122,13 @@ def draw_knobs(match: GemmMatch, rng: random.Random) -> GemmKnobs | None:
         interleave = rng.choice((0, 1)) if not match.instruction.tensor_core and tm % 4 == 0 and tn % 4 == 0 else 0
         # the widest aligned load most of the time: narrower ones are rarely faster
         vector = vectors[0] if rng.random() < 0.75 else rng.choice(vectors)
+        # a tile's loads wait in registers on their way to shared memory: past MAX_STAGED_LOADS
+        # loads a thread, nvcc spilled them (a 32x128x64 block of 64 threads loading 1 element
+        # at a time held 160)
+        threads = wm * wn * (32 if match.instruction.tensor_core else 1)
+        staged = -(-(wm * tm * bk) // (threads * vector)) + -(-(wn * tn * bk) // (threads * vector))
+        if staged > MAX_STAGED_LOADS:
+            continue
         return GemmKnobs(wm, wn, tm, tn, bk, rng.choice(STAGES), rng.choice(pads), vector,
                          rng.choice(UNROLLS), interleave)
     return None
@@ -129,12 +140,13 @@ def _draw_wgmma_knobs(match: GemmMatch, rng: random.Random) -> GemmKnobs | None:
     for _ in range(MAX_DRAWS):
         wm, wn = rng.choice(WGMMA_GROUPS), rng.choice(WGMMA_GROUPS)
         tm, tn = rng.choice(WGMMA_TILES_M), rng.choice(WGMMA_TILES_N)
-        if wm * wn > 2 or tm * tn // 128 > WGMMA_MAX_ACCUMULATORS:
-            continue
+        accumulators = tm * tn // 128
+        if accumulators > WGMMA_MAX_ACCUMULATORS or wm * wn * accumulators > 2 * WGMMA_MAX_ACCUMULATORS:
+            continue  # a block's 2 (or 4 smaller) warpgroups within the registers of one multiprocessor
         if match.m % (wm * tm) or match.n % (wn * tn) or match.k % WGMMA_K:
             continue
         stages = rng.choice(WGMMA_STAGES)
-        in_flight = rng.choice((0, 1)) if stages > 2 else 0
+        in_flight = int(stages > 2 and rng.random() < WGMMA_IN_FLIGHT_SHARE)
         return GemmKnobs(wm, wn, tm, tn, WGMMA_K, stages, 0, 8, 0, 0, 1, in_flight, rng.choice(WGMMA_GROUP_ROWS))
     return None
 
