@@ -33,7 +33,8 @@ def test_a_cuda_job_starts_from_the_cuda_model_and_a_cpu_job_from_the_cpu_one():
     info = provenance("cuda")
     assert info is not None and info["target"] == "cuda-sm_90" and "H100" in info["machine"]
     assert {r["file"]: r["records"] for r in info["record_files"]} == {
-        RECORD_FILES[0]: 516, RECORD_FILES[1]: 800, "r18_half_records.jsonl": 131}  # + a half ResNet-18's tasks
+        RECORD_FILES[0]: 516, RECORD_FILES[1]: 800, "r18_half_records.jsonl": 131,  # + a half ResNet-18's tasks
+        "gpu_h200_tensorcore_records.jsonl": 421, "gpu_h200_records_template_unmeasured.jsonl": 399}  # + wgmma
     assert model_file("cuda").stat().st_size < 2_000_000
     with open_store(":memory:")[0] as store:
         cuda = shared_cost_model([make_task("matmul", (256, 256, 256), target=Target.cuda("sm_90"))],
