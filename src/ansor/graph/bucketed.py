@@ -150,7 +150,7 @@ class BucketedModel:
         self.models = models
         # per bucket, its kernels that skip padded rows and the dimension whose length they read
         self.skipping = skipping if skipping is not None else [[] for _ in buckets]
-        self._plans: dict[tuple, tuple] = {}  # (bucket, sizes) -> `_call_plan`
+        self._plans: dict[tuple, tuple] = {}  # input shapes -> (bucket, sizes, `_call_plan`)
         self._by_sizes = {tuple(sorted(b.sizes.items())): k for k, b in enumerate(buckets)}
 
     def bucket_for(self, *inputs: Any) -> Bucket:
@@ -179,18 +179,23 @@ class BucketedModel:
         as_torch = any(type(x).__module__.startswith("torch") for x in inputs)
         arrays = [tensor_to_numpy(x) if type(x).__module__.startswith("torch") else np.asarray(x)
                   for x in inputs]
-        sizes = self._sizes(arrays)
-        padded_sizes = self._bucket_sizes(sizes)
-        k = self._by_sizes[tuple(sorted(padded_sizes.items()))]
-        bucket, model = self.buckets[k], self.models[k]
-        g = bucket.plan.graph
-        key = (k, tuple(sizes.items()))
-        plan = self._plans.get(key)
-        if plan is None:  # the same for every call of these sizes: found once
-            plan = self._plans[key] = self._call_plan(k, sizes, padded_sizes)
-        kept, padding, cuts = plan
+        shapes = tuple(a.shape for a in arrays)
+        found = self._plans.get(shapes)
+        if found is None:  # the same for every call of these shapes: found once
+            sizes = self._sizes(arrays)
+            padded_sizes = self._bucket_sizes(sizes)
+            k = self._by_sizes[tuple(sorted(padded_sizes.items()))]
+            plan = self._call_plan(k, sizes, padded_sizes)
+            for (name, _, shape), x in zip(plan[0], arrays):  # a static extent wrong: refused by name
+                input_array(name, x, shape, x.dtype.name)
+            found = self._plans[shapes] = (k, sizes, plan)
+        k, sizes, (kept, padding, cuts) = found
+        model = self.models[k]
         for (name, view, shape), x in zip(kept, arrays):  # straight into the bucket's input buffers
-            np.copyto(view, input_array(name, x, shape, view.dtype.name))
+            if x.dtype == view.dtype:  # the shape is the plan's: it was found by the shapes
+                np.copyto(view, x)
+            else:
+                np.copyto(view, input_array(name, x, shape, view.dtype.name))  # refused by name
         for view, value in padding:  # the padding (zeros), and the lengths inputs
             view.fill(value)
         for kernel, dim in self.skipping[k]:
@@ -200,7 +205,8 @@ class BucketedModel:
         finally:  # the bucket's model called on its own computes every row again
             for kernel, _ in self.skipping[k]:
                 kernel.set_live_rows(None)
-        results = [_cut(model.buffer(o), cut) for o, cut in zip(g.outputs, cuts)]
+        results = [np.array(view, order="C") if indices is None else _cut(view, indices)
+                   for view, indices in cuts]  # copies: the next call reuses the buffers
         if as_torch:
             results = [numpy_to_tensor(r) for r in results]
         return results[0] if len(results) == 1 else tuple(results)
@@ -209,7 +215,8 @@ class BucketedModel:
         """How a call of `sizes` runs bucket `k`: per input, its name, the view of its buffer
         that the call's array fills and that array's expected shape; the views to fill with a
         value (each dynamic axis's padding with 0, the lengths inputs with the length); per
-        output, how it is cut back (`_cut_of`)."""
+        output, the view of its buffer that holds the kept positions where they lead every
+        axis (and None), else the whole buffer and how it is cut back (`_cut_of`)."""
         bucket, model = self.buckets[k], self.models[k]
         g = bucket.plan.graph
         kept, padding = [], []
@@ -222,8 +229,17 @@ class BucketedModel:
                     padding.append((buffer[(slice(None),) * axis + (slice(shape[axis], None),)], 0))
         for dim, name in bucket.plan.lengths_inputs.items():
             padding.append((model.buffer(name), sizes[dim]))
-        cuts = [_cut_of(model.buffer(o).shape, roles, padded_sizes, sizes)
-                for o, roles in zip(g.outputs, bucket.plan.output_roles)]
+        cuts = []
+        for o, roles in zip(g.outputs, bucket.plan.output_roles):
+            buffer = model.buffer(o)
+            cut = _cut_of(buffer.shape, roles, padded_sizes, sizes)
+            if all(isinstance(keep, slice) for _, keep in cut):
+                view = buffer
+                for axis, keep in cut:
+                    view = view[(slice(None),) * axis + (keep,)]
+                cuts.append((view, None))
+            else:
+                cuts.append((buffer, cut))
         return kept, padding, cuts
 
     def summary(self) -> str:
