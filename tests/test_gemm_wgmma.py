@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 import ansor
-from ansor import te
 from ansor.backend import generate_source
 from ansor.lower.gemm_template import GemmKnobs, gemm_template_stage, program_of
 from ansor.measure.gpu_module import GPUModule
