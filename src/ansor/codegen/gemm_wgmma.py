@@ -34,7 +34,7 @@ from ansor.lower.gemm_template import WGMMA_K, GemmProgram
 #: the names the kernel text declares, which the printer keeps its buffers' names clear of
 WGMMA_LOCALS = frozenset("""tid warpgroup wg_m wg_n lane block_id tiles_n group first_m rows_here tile_m_index
 tile_n_index block_m block_n smem_raw smem_base acc load_tile a_tile b_tile stage kt t s run r c kr cc
-src dst desc_a desc_b kk row col""".split())
+src dst desc_a0 desc_a1 desc_b kk row col""".split())
 
 ROW_BYTES = 128             # one swizzled row: 64 16-bit values
 GROUP_BYTES = 8 * ROW_BYTES  # 8 rows: the swizzle's period and a core matrix's height
