@@ -77,8 +77,46 @@ def trials_to_reach(curve: list[tuple[int, float]], gflops: float) -> int | None
 
 
 def fma_peak(seconds: float = 0.3, rounds: int = 5) -> float:
-    """The float32 FMA peak of the host's cores in GFLOP/s, measured (`ansor.measure.peak`):
-    measure it quiet, since a loaded machine understates it."""
-    from ansor.measure.peak import fma_peak_flops
+    """The float32 FMA peak of the host's cores in GFLOP/s, measured: every core runs
+    independent vector FMAs in registers for about `seconds`, the best of `rounds` runs is
+    kept. A clock taken from a data sheet overstates or understates what the cores sustain
+    (boost clocks); a run on a loaded machine understates it, so measure it quiet."""
+    import ctypes
 
-    return fma_peak_flops(ansor.Target.host(), seconds, rounds) / 1e9
+    from ansor.measure import Builder
+
+    target = ansor.Target.host()
+    width = target.vector_unit_bytes
+    lanes = width // 4
+    accumulators = 16 if target.vector_registers >= 32 else 12  # with the two constants, in registers
+    body = "\n".join(f"      a{i} = a{i} * b + c;" for i in range(accumulators))
+    source = f"""
+#include <omp.h>
+typedef float vec __attribute__((vector_size({width})));
+double fma_peak_seconds(long long iterations, float seed) {{
+  double start = omp_get_wtime();
+  #pragma omp parallel num_threads({target.num_cores})
+  {{
+    vec b = {{0}}, c = {{0}};
+    b += 1.0f - 1e-7f; c += seed;
+    {' '.join(f'vec a{i} = c + {i}.0f;' for i in range(accumulators))}
+    for (long long i = 0; i < iterations; ++i) {{
+{body}
+    }}
+    volatile vec sink[{accumulators}];  /* every accumulator whole: no lane of the loop is dead */
+    {' '.join(f'sink[{i}] = a{i};' for i in range(accumulators))}
+  }}
+  return omp_get_wtime() - start;
+}}
+"""
+    built = Builder().compile_one(source)
+    if built.lib_path is None:
+        raise RuntimeError(f"compiling the FMA peak kernel failed: {built.error_msg}")
+    run = ctypes.CDLL(built.lib_path).fma_peak_seconds
+    run.restype, run.argtypes = ctypes.c_double, [ctypes.c_longlong, ctypes.c_float]
+    flops_per_iteration = target.num_cores * accumulators * lanes * 2
+    iterations = 1_000_000
+    while (elapsed := run(iterations, 1.0)) < seconds / 4:
+        iterations *= 4
+    iterations = int(iterations * seconds / elapsed)
+    return max(flops_per_iteration * iterations / run(iterations, 1.0) for _ in range(rounds)) / 1e9

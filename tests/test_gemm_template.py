@@ -159,18 +159,16 @@ def test_sampled_sgemm_programs_compile_with_128_bit_loads_and_double_buffers(tm
 
 # --- the printed text computes the product -------------------------------------------------------
 
-@needs_gxx
-@pytest.mark.parametrize("dtype,transposed,seed", [("float16", False, 0), ("bfloat16", True, 1),
-                                                   ("float32", False, 2), ("float32", True, 3)])
-def test_template_programs_match_numpy_when_their_cuda_text_runs_emulated(dtype, transposed, seed, tmp_path):
-    A, B, C = gemm(128, 64, 64, dtype, transposed)
-    task = ansor.Task([A, B, C], target=SM80)
+def assert_emulated_programs_match_numpy(task: ansor.Task, programs: list[ansor.State], seed: int, tmp_path) -> None:
+    """Each program's CUDA text, run on the CPU (cuda_emulation.h) on random inputs, equals
+    numpy's product of the task's two operands."""
+    A, B = task.inputs
+    transposed = match_gemm(task.outputs[0].op, arch=80).b_transposed
     rng = np.random.default_rng(seed)
-    a = rng.standard_normal(A.shape).astype(np.float32).astype(dtype)
-    b = rng.standard_normal(B.shape).astype(np.float32).astype(dtype)
+    a = rng.standard_normal(A.shape).astype(np.float32).astype(A.dtype)
+    b = rng.standard_normal(B.shape).astype(np.float32).astype(B.dtype)
     b32 = b.astype(np.float32)
     expected = a.astype(np.float32) @ (b32.T if transposed else b32)
-    programs = template_programs(task, 2, seed=seed)
     assert programs
     for n, program in enumerate(programs):
         source, _ = generate_source(program, task.target)
@@ -179,3 +177,11 @@ def test_template_programs_match_numpy_when_their_cuda_text_runs_emulated(dtype,
         (out,) = run_emulated(source, [a, b], folder)
         np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4,
                                    err_msg=str(program_of(program, gemm_template_stage(program))))
+
+
+@needs_gxx
+@pytest.mark.parametrize("dtype,transposed,seed", [("float16", False, 0), ("bfloat16", True, 1),
+                                                   ("float32", False, 2), ("float32", True, 3)])
+def test_template_programs_match_numpy_when_their_cuda_text_runs_emulated(dtype, transposed, seed, tmp_path):
+    task = ansor.Task(list(gemm(128, 64, 64, dtype, transposed)), target=SM80)
+    assert_emulated_programs_match_numpy(task, template_programs(task, 2, seed=seed), seed, tmp_path)

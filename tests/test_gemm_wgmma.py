@@ -12,7 +12,6 @@ import shutil
 import subprocess
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 import ansor
@@ -24,8 +23,8 @@ from ansor.search.annotate_gpu import gpu_hardware
 from ansor.search.sketch_gemm import is_gemm_sketch, knob_steps
 from ansor.search.sketch_policy import SketchPolicy, sketch_index, sketch_structure
 from ansor.te.matrix_instructions import WGMMA_BF16, WGMMA_F16, WMMA_F16, match_gemm
-from cuda_emulation import emulator_available, run_emulated
-from test_gemm_template import gemm, template_programs
+from cuda_emulation import emulator_available
+from test_gemm_template import assert_emulated_programs_match_numpy, gemm, template_programs
 
 SM90 = ansor.Target.cuda(arch="sm_90")
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -116,19 +115,6 @@ def test_a_launch_plan_carries_dynamic_shared_memory():
 @pytest.mark.parametrize("dtype,transposed,seed", [("float16", False, 0), ("bfloat16", True, 1),
                                                    ("float16", True, 2), ("bfloat16", False, 3)])
 def test_wgmma_programs_match_numpy_when_their_cuda_text_runs_emulated(dtype, transposed, seed, tmp_path):
-    A, B, C = gemm(128, 256, 192, dtype, transposed)
-    task = ansor.Task([A, B, C], target=SM90)
-    rng = np.random.default_rng(seed)
-    a = rng.standard_normal(A.shape).astype(np.float32).astype(dtype)
-    b = rng.standard_normal(B.shape).astype(np.float32).astype(dtype)
-    b32 = b.astype(np.float32)
-    expected = a.astype(np.float32) @ (b32.T if transposed else b32)
-    programs = template_programs(task, 2, seed=seed)
+    task = ansor.Task(list(gemm(128, 256, 192, dtype, transposed)), target=SM90)
     chosen = knob_program(task, GemmKnobs(2, 1, 64, 256, 64, 4, 0, 8, 0, 0, 1, 1, 8))  # two warpgroups, B in 4 atoms
-    for n, program in enumerate([*programs, chosen]):
-        source, _ = generate_source(program, task.target)
-        folder = tmp_path / str(n)
-        folder.mkdir()
-        (out,) = run_emulated(source, [a, b], folder)
-        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4,
-                                   err_msg=str(program_of(program, gemm_template_stage(program))))
+    assert_emulated_programs_match_numpy(task, [*template_programs(task, 2, seed=seed), chosen], seed, tmp_path)

@@ -219,30 +219,3 @@ def test_a_resumed_job_warms_up_only_the_tasks_without_records(tmp_path):
     earlier = [rounds for wk, _, rounds, _ in log.seen if wk != t3.workload_key]
     assert all(r >= 3 for r in earlier)  # >= 2 earlier rounds (4+ records / 2 per round) + this one
     assert all(rounds == history for _, _, rounds, history in log.seen)
-
-
-def test_a_task_near_its_arithmetic_peak_yields_rounds_to_one_far_from_it():
-    # a GEMM at 95% of a 500 GFLOP/s peak costing 1.2 ms, an attention at 45% costing 0.2 ms,
-    # each after two rounds: Ansor's optimism (half the cost again) prefers the GEMM ...
-    gemm = with_history([1.25e-3, 1.2e-3], flop=0.95 * 500e9 * 1.2e-3)
-    attention = with_history([0.2e-3, 0.2e-3], flop=0.45 * 500e9 * 0.2e-3)
-    plain = GradientScheduler(eps=0.0, seed=0)
-    assert plain.next_task([gemm, attention]) == 0
-    # ... while its peak leaves it 0.06 ms to gain at most, against the attention's 0.1 ms
-    gemm.peak_flops = attention.peak_flops = 500e9
-    assert plain.gradient(0, [gemm, attention]) == pytest.approx(0.8 * -0.06e-3)
-    assert plain.next_task([gemm, attention]) == 1
-    # a task already past the (understated) peak keeps 5% of optimism, not none
-    fast = with_history([1e-3, 1e-3], flop=600e9 * 1e-3)
-    fast.peak_flops = 500e9
-    assert plain.gradient(0, [fast]) == pytest.approx(0.8 * (1e-3 / 1.05 - 1e-3))
-
-
-def test_the_fma_peak_is_measured_once_and_refused_for_another_machine():
-    from ansor.measure.peak import fma_peak_flops
-
-    host = ansor.Target.host()
-    peak = fma_peak_flops(host)
-    assert peak > 0 and fma_peak_flops(host) == peak
-    with pytest.raises(ValueError, match="cannot be measured"):
-        fma_peak_flops(ansor.Target.cuda())

@@ -151,19 +151,6 @@ def tune(tasks: Task | Sequence[Task], options: TuneOptions | None = None,
     return results[0] if single else results
 
 
-def float32_peak(task: Task) -> float | None:
-    """The float32 FMA peak (FLOP/s) of the CPU a float32 task is measured on here; None for
-    other types (int8 and bfloat16 instructions pass it), GPUs and other machines."""
-    if task.target.kind != "cpu" or any(t.dtype != "float32" for t in (*task.inputs, *task.outputs)):
-        return None
-    from ansor.measure.peak import fma_peak_flops
-
-    try:
-        return fma_peak_flops(task.target)
-    except (ValueError, RuntimeError):  # not this machine's CPU, or no compiler for the probe
-        return None
-
-
 def _make_tuners(tasks: Sequence[Task], db: RecordStore, opts: TuneOptions,
                  callbacks: Sequence[TuningCallback], from_targets: Sequence[str],
                  cluster: ClusterSession | None = None) -> list[TaskTuner]:
@@ -185,8 +172,6 @@ def _make_tuners(tasks: Sequence[Task], db: RecordStore, opts: TuneOptions,
             tuner = TaskTuner(task, task_policy, measurer, shared,
                               weight=opts.task_weights[i] if opts.task_weights is not None else 1.0,
                               measured_keys=db.measured_state_keys(task.workload_key, task.target.key))
-            if len(tasks) > 1 and cluster is None:  # what the scheduler's estimates stop at
-                tuner.peak_flops = float32_peak(task)
             tuners.append(tuner)
             res = tuner.result
             res.prior_records = db.count(task.workload_key, task.target.key)

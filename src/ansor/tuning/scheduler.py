@@ -42,12 +42,6 @@ class TaskView(Protocol):
         """The best cost (seconds, inf before any success) after each of the task's rounds."""
         ...
 
-    @property
-    def peak_flops(self) -> float | None:
-        """FLOP/s the machine's arithmetic allows the task at most (its float32 FMA peak);
-        None where unknown."""
-        ...
-
 
 def weighted_latency(tasks: Sequence[TaskView]) -> float:
     """The objective a multi-task job minimises: sum of weight x best cost over the tasks, the
@@ -85,7 +79,6 @@ class RoundRobinScheduler(TaskScheduler):
 
 
 GOLDEN_RATIO = 1.618  # FLOPs buckets of similarity groups grow by this factor, as in the reference
-PEAK_MARGIN = 1.05    # a task's best program may be beaten by this much even past a (loaded) peak
 
 
 class GradientScheduler(TaskScheduler):
@@ -97,8 +90,7 @@ class GradientScheduler(TaskScheduler):
     cost after each round), weight w_i and FLOPs C_i:
 
         backward_i = (h_i[t_i-1] - h_i[t_i-1-w]) / w        (w = backward_window; 0 with less history)
-        forward_i  = max(min(g_i - g_i / t_i, beta * C_i / max_{j in group(i)} (C_j / g_j)),
-                         C_i / max(P_i, 1.05 C_i / g_i)) - g_i
+        forward_i  = min(g_i - g_i / t_i, beta * C_i / max_{j in group(i)} (C_j / g_j)) - g_i
         grad_i     = w_i * (alpha * backward_i + (1 - alpha) * forward_i)
 
     and the task with the most negative grad_i runs. w_i is the derivative of the weighted sum
@@ -106,11 +98,7 @@ class GradientScheduler(TaskScheduler):
     term is an optimistic guess of what the next one can gain: either a 1/t_i share of the
     current cost, or reaching 1/beta of the throughput of the fastest similar task. Similar
     tasks are those with the same `tags` entry and FLOPs within one golden-ratio bucket; without
-    tags (or with an empty tag) a task has no group and only the first guess counts. Where the
-    task knows its arithmetic's peak P_i (`TaskView.peak_flops`: a float32 task on the CPU
-    measuring it), the guess stops at the cost of running at that peak, or 5% past the task's
-    own best where that is faster: a GEMM at 90% of the peak then stops taking every round from
-    the tasks at 45% (the BERT layer's attention got none of 900 trials without it).
+    tags (or with an empty tag) a task has no group and only the first guess counts.
 
     A task without a working program yet makes the objective infinite, so such tasks go first,
     the one with the largest w_i / t_i (the limit of the formula as g_i grows). With probability
@@ -171,10 +159,7 @@ class GradientScheduler(TaskScheduler):
         best_similar = self._best_similar_throughput(index, tasks)
         if best_similar > 0:
             g_next = min(g_next, self.beta * task.flop / best_similar)
-        peak = getattr(task, "peak_flops", None)
-        if peak:  # no program beats the arithmetic's peak (nor, a little, the task's own best)
-            g_next = max(g_next, task.flop / max(peak, PEAK_MARGIN * throughput(task)))
-        forward = min(g_next - g, 0.0)
+        forward = g_next - g
         return task.weight * (self.alpha * backward + (1 - self.alpha) * forward)
 
     def _urgency(self, index: int, tasks: Sequence[TaskView]) -> tuple[int, float]:

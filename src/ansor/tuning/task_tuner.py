@@ -81,7 +81,6 @@ class TaskTuner:
         self.earlier_rounds = 0  # rounds of earlier jobs on the same database (count_earlier_rounds)
         self._cost_history: list[float] = []
         self._candidates: list[State] = []  # measured before the policy's proposals
-        self.peak_flops: float | None = None  # the arithmetic's peak for the task, where known
 
     # --- what a task scheduler reads (search.scheduler.TaskView) -------------------------------
     @property
