@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 import ansor
+from ansor.measure.cuda import nvcc_arch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -106,7 +107,7 @@ def dry_run(args) -> list[dict]:
             cu = Path(tmp) / "model.cu"
             cu.write_text(model.source)
             start = time.perf_counter()
-            done = subprocess.run(["nvcc", f"-arch={args.arch}", "-O3", "--shared", "-Xcompiler", "-fPIC",
+            done = subprocess.run(["nvcc", f"-arch={nvcc_arch(args.arch)}", "-O3", "--shared", "-Xcompiler", "-fPIC",
                                    "-o", str(Path(tmp) / "model.so"), str(cu), "-lcudart"],
                                   capture_output=True, text=True)
             row["nvcc"] = "ok" if done.returncode == 0 else done.stderr[-500:]
