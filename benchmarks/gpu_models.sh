@@ -2,15 +2,8 @@
 # Whole models on a CUDA GPU and the bf16 Tensor Core GEMM, for a lent machine with an NVIDIA GPU,
 # CuPy and PyTorch; each stage under its own time limit; logs, JSON lines and records go to $1.
 #   bash benchmarks/gpu_models.sh results/ [seconds of fp16 ResNet-18 tuning] [0: skip float32]   # about 8 minutes
-# xgboost must be importable (the cost model); where it is not installed, carry its wheel.
 out=${1:-gpu-results}; budget=${2:-140}; float32=${3:-1}
-mkdir -p "$out"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-{ date -u; git log --oneline -1 2>/dev/null; nvidia-smi -L; nvcc --version | tail -1
-  python3 -c "import cupy, torch, xgboost; print('cupy', cupy.__version__, 'torch', torch.__version__, 'xgboost', xgboost.__version__)"
-  lscpu | grep 'Model name'; } > "$out/env.txt" 2>&1
-cat "$out/env.txt"
-timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_gpu.py 2>&1 | tail -3 | tee "$out/cuda_tests.log"
+source "$(dirname "$0")/gpu_env.sh"  # env.txt and the CUDA tests
 # ResNet-18 in float16, tuned from a fresh database for $budget seconds, against eager and inductor
 timeout $((budget + 170)) python3 benchmarks/gpu_model.py --dtype float16 --time-budget "$budget" \
     --database "$out/r18_half.db" --out "$out" 2>&1 | grep -v Warning | tee "$out/r18_half.log"

@@ -31,12 +31,14 @@ import ansor
 from ansor import te
 
 
-def gemm_task(size: int, dtype: str, arch: str) -> ansor.Task:
+def gemm_task(size: int, dtype: str, arch: str, layout: str = "kn") -> ansor.Task:
+    """C = A B at size^3, B stored [K, N] ("kn") or [N, K] ("nk"); 16-bit products summed in float32."""
     A = te.placeholder((size, size), dtype, name="A")
     B = te.placeholder((size, size), dtype, name="B")
     k = te.reduce_axis(size, name="k")
+    read_b = (lambda j: B[k, j]) if layout == "kn" else (lambda j: B[j, k])
     acc = {} if dtype == "float32" else {"dtype": "float32"}
-    C = te.compute((size, size), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k, **acc), name="C")
+    C = te.compute((size, size), lambda i, j: te.sum(A[i, k] * read_b(j), axis=k, **acc), name="C")
     return ansor.Task([A, B, C], target=ansor.Target.cuda(arch=arch))
 
 
@@ -124,31 +126,17 @@ def _timed(fn, start, end, number: int) -> float:
 
 def device_launches(source: str, arch: str, device: dict):
     """A function that launches the program's kernels on `device` arrays (by buffer name),
-    compiled by nvcc as the tuner compiles them (sm_90 as sm_90a) and given their dynamic
-    shared memory."""
+    built by the tuner's builder (sm_90 as sm_90a) and given their dynamic shared memory."""
     import cupy
 
-    from ansor.measure.cuda import nvcc_arch
+    from ansor.measure.cuda import CudaBuilder, kernel_launches, launch_all
     from ansor.measure.gpu_module import GPUModule
 
-    module = GPUModule.parse(source)
-    tmp = tempfile.mkdtemp(prefix="ansor-gemm-")  # kept: cupy loads the cubin lazily, at get_function
-    cu = Path(tmp) / "best.cu"
-    cu.write_text(source)
-    subprocess.run(["nvcc", "-cubin", f"-arch={nvcc_arch(arch)}", "-o", str(cu.with_suffix(".cubin")), str(cu)],
-                   check=True, capture_output=True)
-    raw = cupy.RawModule(path=str(cu.with_suffix(".cubin")))
-    launches = []
-    for k in module.kernels:
-        fn = raw.get_function(k.name)
-        if k.shared_bytes > 48 * 1024:
-            fn.max_dynamic_shared_size_bytes = k.shared_bytes
-        launches.append((fn, k.grid, k.block, tuple(device[n] for n in k.args), k.shared_bytes))
-
-    def call():
-        for fn, grid, block, fargs, shared in launches:
-            fn(grid, block, fargs, shared_mem=shared)
-    return call
+    (built,) = CudaBuilder(arch).build([source])
+    if built.lib_path is None:
+        raise RuntimeError(f"nvcc could not build the program: {built.error_msg}")
+    launches = kernel_launches(cupy.RawModule(path=built.lib_path), GPUModule.parse(source), device)
+    return lambda: launch_all(launches)
 
 
 def run_on_gpu(args) -> list[dict]:

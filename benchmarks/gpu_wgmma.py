@@ -22,15 +22,13 @@ import time
 from pathlib import Path
 
 import ansor
-from ansor import te
 from ansor.backend import generate_source
 from ansor.lower.gemm_template import GemmKnobs, gemm_template_stage, program_of
 from ansor.schedule.state import State
-from ansor.search.sketch_gemm import is_gemm_sketch, knob_steps
-from ansor.search.sketch_policy import SketchPolicy
+from ansor.search.sketch_gemm import template_program
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_tensorcore import _timed, device_launches  # noqa: E402
+from gpu_tensorcore import _timed, device_launches, gemm_task  # noqa: E402
 
 #: (warpgroups m, n, rows, columns, stages, batches in flight, grouped rows): large tiles first
 KNOBS = [
@@ -46,18 +44,8 @@ KNOBS = [
 ]
 
 
-def gemm_task(size: int, dtype: str, layout: str) -> ansor.Task:
-    A = te.placeholder((size, size), dtype, name="A")
-    B = te.placeholder((size, size), dtype, name="B")
-    k = te.reduce_axis(size, name="k")
-    read_b = (lambda j: B[k, j]) if layout == "kn" else (lambda j: B[j, k])
-    C = te.compute((size, size), lambda i, j: te.sum(A[i, k] * read_b(j), axis=k, dtype="float32"), name="C")
-    return ansor.Task([A, B, C], target=ansor.Target.cuda(arch="sm_90"))
-
-
 def program(task: ansor.Task, knobs: GemmKnobs) -> State:
-    sketch = next(s for s in SketchPolicy(task, seed=0).sketches if is_gemm_sketch(s.steps))
-    state = State.replay(task.dag, knob_steps(list(sketch.steps), knobs))
+    state = template_program(task, knobs)
     program_of(state, gemm_template_stage(state))  # refuses knobs the sizes do not allow, by name
     return state
 
@@ -79,7 +67,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     for dtype in args.dtypes.split(","):
         for layout in args.layouts.split(","):
-            task = gemm_task(args.size, dtype, layout)
+            task = gemm_task(args.size, dtype, "sm_90", layout)
             gen = torch.Generator(device="cuda").manual_seed(0)
             tdtype = getattr(torch, dtype)
             a = torch.randn(args.size, args.size, device="cuda", generator=gen).to(tdtype)

@@ -2,15 +2,8 @@
 # Hopper's wgmma GEMM template on a lent GPU: chosen programs checked and timed against cuBLAS,
 # then float16 and bfloat16 GEMM 4096^3 searches; stops after the check if no program is right.
 #   bash benchmarks/gpu_wgmma.sh results/ [float16 seconds] [bfloat16 seconds]     # about 8 minutes
-# xgboost must be importable (the cost model); where it is not installed, carry its wheel.
 out=${1:-gpu-results}; fp16=${2:-150}; bf16=${3:-90}
-mkdir -p "$out"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-{ date -u; git log --oneline -1 2>/dev/null; nvidia-smi -L; nvcc --version | tail -1
-  python3 -c "import cupy, torch, xgboost; print('cupy', cupy.__version__, 'torch', torch.__version__, 'xgboost', xgboost.__version__)"
-  lscpu | grep 'Model name'; } > "$out/env.txt" 2>&1
-cat "$out/env.txt"
-timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_gpu.py 2>&1 | tail -3 | tee "$out/cuda_tests.log"
+source "$(dirname "$0")/gpu_env.sh"  # env.txt and the CUDA tests
 timeout 240 python3 benchmarks/gpu_wgmma.py --out "$out" 2>&1 | grep -v Warning | tee "$out/wgmma.log"
 grep -q "x$" "$out/wgmma.log" || { echo "no wgmma program computed the product: stopping"; date -u; exit 1; }
 timeout $((fp16 + 150)) python3 benchmarks/gpu_tensorcore.py --size 4096 --dtypes float16 --trials 1000 \

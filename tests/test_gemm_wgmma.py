@@ -18,9 +18,9 @@ import ansor
 from ansor.backend import generate_source
 from ansor.lower.gemm_template import GemmKnobs, gemm_template_stage, program_of
 from ansor.measure.gpu_module import GPUModule
-from ansor.schedule.state import ScheduleError, State
+from ansor.schedule.state import ScheduleError
 from ansor.search.annotate_gpu import gpu_hardware
-from ansor.search.sketch_gemm import is_gemm_sketch, knob_steps
+from ansor.search.sketch_gemm import is_gemm_sketch, template_program
 from ansor.search.sketch_policy import SketchPolicy, sketch_index, sketch_structure
 from ansor.te.matrix_instructions import WGMMA_BF16, WGMMA_F16, WMMA_F16, match_gemm
 from cuda_emulation import emulator_available
@@ -29,11 +29,6 @@ from test_gemm_template import assert_emulated_programs_match_numpy, gemm, templ
 SM90 = ansor.Target.cuda(arch="sm_90")
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 needs_gxx = pytest.mark.skipif(not emulator_available(), reason="g++ is not installed")
-
-
-def knob_program(task: ansor.Task, knobs: GemmKnobs) -> State:
-    sketch = next(s for s in SketchPolicy(task, seed=0).sketches if is_gemm_sketch(s.steps))
-    return State.replay(task.dag, knob_steps(list(sketch.steps), knobs))
 
 
 def test_wgmma_takes_16_bit_matmuls_of_64_multiples_on_compute_capability_9_alone():
@@ -52,19 +47,19 @@ def test_knobs_wgmma_cannot_compute_are_refused_by_name_and_wmma_pragmas_read_as
     good = GemmKnobs(2, 1, 64, 128, 64, 4, 0, 8, 0, 0, 1, 1, 8)
     assert good.pragma_text() == "gemm_template$s4.p0.v8.u0.x0.h1.w1.g8"
     assert GemmKnobs(2, 2, 32, 32, 32).pragma_text() == "gemm_template$s2.p0.v1.u0.x0"  # no wgmma knobs
-    program_of(knob_program(task, good), 2)
+    program_of(template_program(task, good), 2)
     for bad, why in ((replace(good, tile_n=96), "one of"), (replace(good, block_k=32), "block_k must be 64"),
                      (replace(good, tile_m=128, tile_n=256), "float registers"),
                      (replace(good, stages=2, in_flight=1), "a tile to fetch ahead"),
                      (replace(good, pad=8), "swizzled, not padded")):
-        state = knob_program(task, bad)
+        state = template_program(task, bad)
         with pytest.raises(ScheduleError, match=why):
             program_of(state, gemm_template_stage(state))
-    over = knob_program(ansor.Task(list(gemm(512, 512, 128, "float16")), target=SM90),
+    over = template_program(ansor.Task(list(gemm(512, 512, 128, "float16")), target=SM90),
                         replace(good, warps_m=2, tile_m=128, warps_n=2, tile_n=128, stages=4))
     with pytest.raises(ScheduleError, match="shared memory"):
         program_of(over, gemm_template_stage(over))
-    wmma = knob_program(task, GemmKnobs(2, 2, 32, 32, 32, 2, 8, 8))  # a record of the wmma template
+    wmma = template_program(task, GemmKnobs(2, 2, 32, 32, 32, 2, 8, 8))  # a record of the wmma template
     assert program_of(wmma, gemm_template_stage(wmma)).instruction is WMMA_F16
 
 
@@ -116,5 +111,5 @@ def test_a_launch_plan_carries_dynamic_shared_memory():
                                                    ("float16", True, 2), ("bfloat16", False, 3)])
 def test_wgmma_programs_match_numpy_when_their_cuda_text_runs_emulated(dtype, transposed, seed, tmp_path):
     task = ansor.Task(list(gemm(128, 256, 192, dtype, transposed)), target=SM90)
-    chosen = knob_program(task, GemmKnobs(2, 1, 64, 256, 64, 4, 0, 8, 0, 0, 1, 1, 8))  # two warpgroups, B in 4 atoms
+    chosen = template_program(task, GemmKnobs(2, 1, 64, 256, 64, 4, 0, 8, 0, 0, 1, 1, 8))  # two warpgroups, B in 4 atoms
     assert_emulated_programs_match_numpy(task, [*template_programs(task, 2, seed=seed), chosen], seed, tmp_path)

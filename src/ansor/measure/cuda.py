@@ -197,6 +197,29 @@ def _device_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.uint16) if dtype == np.dtype("bfloat16") else dtype
 
 
+#: dynamic shared memory a kernel may take without opting in to more
+DEFAULT_SHARED_BYTES = 48 * 1024
+
+
+def kernel_launches(raw: Any, module: GPUModule, arrays: dict[str, Any]) -> list[tuple]:
+    """Per kernel of `module`'s launch plan, in order: its function in `raw` (a loaded
+    cupy.RawModule), grid, block, arguments (`arrays` by buffer name) and dynamic shared
+    memory; a kernel that needs more than the default has its limit raised here, once."""
+    launches = []
+    for k in module.kernels:
+        function = raw.get_function(k.name)
+        if k.shared_bytes > DEFAULT_SHARED_BYTES:
+            function.max_dynamic_shared_size_bytes = k.shared_bytes
+        launches.append((function, k.grid, k.block, tuple(arrays[name] for name in k.args), k.shared_bytes))
+    return launches
+
+
+def launch_all(launches: Sequence[tuple]) -> None:
+    """Launch `kernel_launches`' kernels in order (asynchronously, on the current stream)."""
+    for function, grid, block, args, shared in launches:
+        function(grid, block, args, shared_mem=shared)
+
+
 class CudaKernel(DeviceKernel):
     """A built CUDA program, called like a CPU `KernelLibrary`: `kernel(*inputs, *outputs)`.
 
@@ -212,23 +235,15 @@ class CudaKernel(DeviceKernel):
         self.path = os.path.abspath(cubin_path)
         self.entry = entry
         self.module = module or GPUModule.parse(Path(self.path).with_suffix(".cu").read_text())
-        raw = cupy.RawModule(path=self.path)
         self._device = {b.name: cupy.empty(b.shape, dtype=_device_dtype(b.np_dtype)) for b in self.module.buffers}
-        self._launches = []
-        for k in self.module.kernels:
-            function = raw.get_function(k.name)
-            if k.shared_bytes > 48 * 1024:  # past 48 KB a kernel must opt in to its shared memory
-                function.max_dynamic_shared_size_bytes = k.shared_bytes
-            self._launches.append((function, k.grid, k.block, tuple(self._device[name] for name in k.args),
-                                   k.shared_bytes))
+        self._launches = kernel_launches(cupy.RawModule(path=self.path), self.module, self._device)
 
     def _copy_in(self, checked: list[np.ndarray]) -> None:
         for buffer, array in zip(self.module.parameters, checked):
             self._device[buffer.name].set(array.view(_device_dtype(array.dtype)))
 
     def _launch(self) -> None:
-        for function, grid, block, args, shared in self._launches:
-            function(grid, block, args, shared_mem=shared)
+        launch_all(self._launches)
 
     def __call__(self, *arrays: np.ndarray) -> None:
         """Run the program once on `(*inputs, *outputs)` (or one list, as KernelLibrary)."""

@@ -165,6 +165,15 @@ def knob_steps(sketch_steps: list, knobs: GemmKnobs) -> list:
     return out
 
 
+def template_program(task, knobs: GemmKnobs) -> State:
+    """The task's GEMM template program with chosen `knobs`: its sketch's undecided splits and
+    pragma filled in (a program to check or time by hand, outside a search)."""
+    from ansor.search.sketch_policy import SketchPolicy  # the policy's sketches: it imports this module
+
+    sketch = next(s for s in SketchPolicy(task, seed=0).sketches if is_gemm_sketch(s.steps))
+    return State.replay(task.dag, knob_steps(list(sketch.steps), knobs))
+
+
 def annotate_gemm(sketch_steps: list, dag, rng: random.Random, params: SearchParams, limits: GPULimits,
                   arch: int = 90) -> State | None:
     """One complete template program within the target's limits, or None after MAX_DRAWS tries
