@@ -68,8 +68,9 @@ CASES = [  # batch, heads, kv heads, Lq, Lk, D, mask, causal
 ]
 
 
-def _case(b, h, hkv, lq, lk, d, mask, causal, dv=None):
-    """(task, input arrays, numpy's output) of one attention case."""
+def _case(b, h, hkv, lq, lk, d, mask, causal, dv=None, heads_last=False):
+    """(task, input arrays, numpy's output) of one attention case; with `heads_last` the output
+    is [B, Lq, H, Dv]."""
     q = te.placeholder((b, h, lq, d), name="q")
     k = te.placeholder((b, hkv, lk, d), name="k")
     v = te.placeholder((b, hkv, lk, dv or d), name="v")
@@ -83,7 +84,7 @@ def _case(b, h, hkv, lq, lk, d, mask, causal, dv=None):
     if mask == "lengths":
         extra = te.placeholder((b,), "int32", name="n")
         args["lengths"] = extra
-    out = attention(q, k, v, causal=causal, **args)
+    out = attention(q, k, v, causal=causal, heads_last=heads_last, **args)
     task = ansor.Task([q, k, v] + ([extra] if extra is not None else []) + [out])
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal(t.shape).astype(np.float32) for t in (q, k, v)]
@@ -94,7 +95,8 @@ def _case(b, h, hkv, lq, lk, d, mask, causal, dv=None):
     if mask == "lengths":
         arrays.append(rng.integers(1, lk + 1, b).astype(np.int32))
         ref_args["lengths"] = arrays[-1]
-    return task, arrays, numpy_attention(*arrays[:3], causal=causal, **ref_args)
+    expected = numpy_attention(*arrays[:3], causal=causal, **ref_args)
+    return task, arrays, expected.transpose(0, 2, 1, 3) if heads_last else expected
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
@@ -127,6 +129,19 @@ def test_attention_knobs_with_remainders_match_numpy(case, knobs):
     state = _with_knobs(task, *knobs)
     kernel = compile_state(task, state)
     np.testing.assert_allclose(kernel(*arrays), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("case,knobs", [KNOB_CASES[0], KNOB_CASES[2]], ids=lambda c: "-".join(map(str, c)))
+def test_attention_writing_heads_last_matches_numpy(case, knobs):
+    """The [B, Lq, H, Dv] output (what the projection after merging heads reads), a ragged query
+    tile among them; the drawn programs too."""
+    shape, dv = case
+    task, arrays, expected = _case(*shape, dv=dv, heads_last=True)
+    assert task.dag.outputs[0].shape == (shape[0], shape[3], shape[1], dv)
+    np.testing.assert_allclose(task.reference_outputs(arrays)[0], expected, rtol=1e-4, atol=1e-5)
+    for state in [_with_knobs(task, *knobs)] + _programs(task, 2, seed=shape[3]):
+        np.testing.assert_allclose(compile_state(task, state)(*arrays), expected, rtol=1e-4, atol=1e-5,
+                                   err_msg=f"knobs {state.steps}")
 
 
 def test_attention_products_run_as_register_tiles():
@@ -214,6 +229,10 @@ def test_bert_layer_attention_fused_and_projections_merged(tmp_path):
     report = rewrites.rewrite(graph)
     assert any(a.startswith("fuse_attention") for a in report.applied)
     assert "merge_shared_input_projections x3" in report.applied
+    assert "attention_heads_last x1" in report.applied  # the output projection reads a plain matrix
+    fused = [n for n in report.graph.nodes if n.op == "attention"]
+    assert len(fused) == 1 and fused[0].attrs["heads_last"]
+    assert all(n.op != "permute" for n in report.graph.consumers()[fused[0].output])
     assert len(_attention_nodes(graph)) == 1
     _check_model(graph, expected, x, tmp_path=tmp_path)
 

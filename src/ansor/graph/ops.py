@@ -695,13 +695,14 @@ def _grid_sample(types, attrs):
 ATTENTION_MASKS = ("none", "additive", "lengths")
 
 
-@_register("attention", (3, 4), {"scale": 1.0, "causal": False, "mask": "none"})
+@_register("attention", (3, 4), {"scale": 1.0, "causal": False, "mask": "none", "heads_last": False})
 def _attention(types, attrs):
     """softmax(q @ k^T * scale + mask) @ v in one operator (`graph.attention_fusion` finds it):
     q [B, H, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] with Hkv dividing H (grouped-query
     heads share K/V). The fourth input is an additive mask broadcasting to [B, H, Lq, Lk]
     (mask "additive") or the valid key lengths [B] (mask "lengths"); `causal` keeps key j
-    for query i where j <= i."""
+    for query i where j <= i. The output is [B, H, Lq, Dv], or [B, Lq, H, Dv] with
+    `heads_last` (the heads merged by a reshape alone, `graph.rewrites.attention_heads_last`)."""
     q, k, v = types[:3]
     _check(len(q.shape) == len(k.shape) == len(v.shape) == 4, f"attention: q {q.shape} k {k.shape} v {v.shape}")
     _check(k.shape[0] == q.shape[0] and v.shape[:3] == k.shape[:3] and k.shape[3] == q.shape[3]
@@ -714,6 +715,8 @@ def _attention(types, attrs):
         broadcast_shapes(m.shape, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
     if attrs["mask"] == "lengths":
         _check(types[3].shape == (q.shape[0],) and types[3].dtype.startswith("int"), f"attention: lengths {types[3]}")
+    if attrs["heads_last"]:
+        return TensorType((q.shape[0], q.shape[2], q.shape[1], v.shape[3]), q.dtype)
     return TensorType(q.shape[:3] + (v.shape[3],), q.dtype)
 
 

@@ -276,4 +276,6 @@ def _attention(g: Graph, node: Node, ins: list[Roles], lengths: dict[str, str]) 
                 raise _refuse(node, f"the batch of its keys differs from another attention's over {dim!r}")
             node.inputs = node.inputs[:3] + [name]
             node.attrs = {**node.attrs, "mask": "lengths"}
+    if node.attrs["heads_last"]:
+        return (q[0], q[2], frozenset(), frozenset())
     return (q[0], frozenset(), q[2], frozenset())

@@ -762,7 +762,8 @@ def _fused_attention(xs, a):
         s = np.where(np.arange(lk) < xs[3].reshape(-1, 1, 1, 1), s, -np.inf)
     if a["causal"]:
         s = np.where(np.tril(np.ones((lq, lk), dtype=bool)), s, -np.inf)
-    return np.matmul(_softmax([s], {"axis": -1}), v)
+    out = np.matmul(_softmax([s], {"axis": -1}), v)
+    return out.transpose(0, 2, 1, 3) if a["heads_last"] else out
 
 
 # rare operators with numpy kernels only register their shape rules and kernels on import

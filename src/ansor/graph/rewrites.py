@@ -81,7 +81,8 @@ def _mismatch(expected: list[np.ndarray], got: list[np.ndarray]) -> str:
 def estimated_cost(graph: Graph) -> float:
     """Seconds the model would take on an assumed machine: per fused subgraph (a kernel), a
     fixed overhead, the bytes of what it reads and writes, and its FLOPs; a subgraph of
-    reshapes alone is a view, a step that moves nothing."""
+    reshapes alone is a view, a step that moves nothing. A permute fused into a kernel's
+    reads costs the bytes it reorders once more: its strided reads are no cheaper than a copy."""
     total = 0.0
     for sub in partition(graph):
         if all(n.op == "reshape" for n in sub.nodes):
@@ -90,6 +91,8 @@ def estimated_cost(graph: Graph) -> float:
         g = sub.graph
         moved = sum(_nbytes(g, v) for v in list(g.inputs) + list(g.outputs) + sub.constants)
         for n in sub.nodes:
+            if n.op == "permute" and sub.kind == "anchor":
+                moved += _nbytes(g, n.output)
             if n.op == "scaled_dot_product_attention":  # cut into three kernels by the passes
                 scores = math.prod(g.types[n.output].shape[:-1]) * g.type_of(n.inputs[1]).shape[-2]
                 moved += 4 * scores * np.dtype(g.types[n.output].dtype).itemsize
@@ -259,6 +262,28 @@ def _scalar_operand(g: Graph, n: Node) -> tuple[str, str, float] | None:
     return (n.op, x, value)
 
 
+def attention_heads_last(graph: Graph) -> tuple[Graph, int]:
+    """attention(q, k, v) followed by the permute that brings the heads next to the head
+    dimension ([B, H, L, D] -> [B, L, H, D], before the reshape that merges them) becomes an
+    attention that writes that layout itself. The output projection then reads its input as
+    a plain matrix: the same task as the model's other linears of that width (their programs
+    and records carry over), instead of one with a permuted read of its own."""
+    g = graph.copy()
+    consumers = g.consumers()
+    count = 0
+    for n in g.nodes:
+        if n.op != "attention" or n.attrs["heads_last"] or not _single_use(g, n, consumers):
+            continue
+        reader = consumers[n.output][0]
+        if reader.op != "permute" or tuple(reader.attrs["axes"]) != (0, 2, 1, 3):
+            continue
+        n.attrs = {**n.attrs, "heads_last": True}
+        g.types[n.output] = g.types[reader.output]
+        g.replace_uses(reader.output, n.output)
+        count += 1
+    return _finish(g), count
+
+
 def _single_use(g: Graph, node: Node, consumers: dict) -> bool:
     return node.output not in g.outputs and len(consumers.get(node.output, [])) == 1
 
@@ -276,6 +301,7 @@ REWRITES: tuple[tuple[str, Callable[[Graph], tuple[Graph, int]]], ...] = (
     ("fold_scalar_chains", fold_scalar_chains),
     ("merge_shared_input_projections", merge_shared_input_projections),
     ("fuse_attention", lambda g: _then_fold_transposes(*fuse_attention(g))),
+    ("attention_heads_last", attention_heads_last),
 )
 
 

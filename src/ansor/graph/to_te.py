@@ -736,4 +736,4 @@ def _fused_attention(args: list[Value], node: Node, out: TensorType, name: str) 
     extra = _tensor(args[3], node, a["mask"]) if len(args) == 4 else None
     return attention(q, k, v, mask=extra if a["mask"] == "additive" else None,
                      lengths=extra if a["mask"] == "lengths" else None, scale=a["scale"],
-                     causal=a["causal"], name=name)
+                     causal=a["causal"], name=name, heads_last=a["heads_last"])

@@ -402,8 +402,9 @@ class _Writer:
     def write_out(self) -> ir.Stmt:
         def row(qi):
             i = self.q0 + qi
+            where = (self.n, i, self.h) if self.p.heads_last else (self.n, self.h, i)
             store = _loop("e", self.dv, lambda e: ir.Store(
-                self.out_buf, (self.n, self.h, i, e),
+                self.out_buf, (*where, e),
                 ir.BufferLoad(self.acc, (qi, e)) / ir.BufferLoad(self.l, (qi,))), "vectorized")
             if self.lq % self.qt == 0:
                 return store

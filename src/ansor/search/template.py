@@ -22,7 +22,7 @@ from ansor.schedule.state import ScheduleError, State
 from ansor.schedule.steps import SplitStep
 from ansor.search.params import SearchParams
 from ansor.search.sketch import Cond, SketchRule
-from ansor.te.attention import is_template
+from ansor.te.attention import attention_parts, is_template
 
 #: Query tiles (queries of one parallel task, the vector lanes of the scores) and key tiles
 #: (scores held at once) drawn from; a tile longer than its axis is clipped to the axis.
@@ -67,7 +67,7 @@ def annotate_template(sketch_steps: list, dag, rng: random.Random, params: Searc
     the key tile and its register rows drawn (in the sketch's order of splits)."""
     sid = template_stage_of(dag)
     out = dag.tensors[sid]
-    lq, dv, lk = out.shape[2], out.shape[3], out.op.reduce_axes[0].extent
+    lq, dv, lk = attention_parts(out).q.shape[2], out.shape[3], out.op.reduce_axes[0].extent
     lanes = vector_lanes or (16 if vector_registers >= 32 else 8)  # float32 lanes, when not given
     qt = rng.choice(_menu(QUERY_TILES, lq))
     chunks = [c for c in range(lanes, dv + 1, lanes) if dv % c == 0] or [dv]

@@ -15,6 +15,9 @@ records with the same stages tuned as ordinary stages.
 
 Layout: q [B, H, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv]. Grouped-query attention is
 Hkv dividing H (query head h reads key/value head h // (H // Hkv)); Hkv == H is multi-head.
+The output is [B, H, Lq, Dv], or with `heads_last` [B, Lq, H, Dv]: the layout the output
+projection reads after merging the heads, written directly so that no copy (and no permuted
+read in the projection's kernel) is needed.
 Masks: `causal` keeps key j for query i when j <= i (top left aligned, as PyTorch's
 `is_causal`); `mask` is an additive float tensor broadcasting to [B, H, Lq, Lk]; `lengths`
 ([B] integers) keeps keys j < lengths[b] (padding). Masked scores are -inf, so a row with every
@@ -39,9 +42,10 @@ MASK_KINDS = ("none", "additive", "lengths")
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, lengths: Tensor | None = None,
               scale: float | None = None, causal: bool = False, name: str = "attention",
-              template: bool = True) -> Tensor:
-    """The attention output [B, H, Lq, Dv]; with `template` (the default) it is the one tunable
-    task of `lower.attention`, else ordinary stages the search schedules one by one."""
+              template: bool = True, heads_last: bool = False) -> Tensor:
+    """The attention output [B, H, Lq, Dv] ([B, Lq, H, Dv] with `heads_last`); with `template`
+    (the default) it is the one tunable task of `lower.attention`, else ordinary stages the
+    search schedules one by one."""
     _check(q, k, v, mask, lengths)
     b, h, lq, d = q.shape
     hkv, lk, dv = k.shape[1], k.shape[2], v.shape[3]
@@ -67,6 +71,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, lengt
                 name=f"{name}_softmax")
     rj = reduce_axis(lk, "j")
     attrs = {"template": TEMPLATE, "program": PROGRAM_REVISION, "scale": scale, "causal": bool(causal), "mask": kind} if template else None
+    if heads_last:
+        if attrs is not None:
+            attrs["heads_last"] = True  # only when set: the keys of the default layout are unchanged
+        return compute((b, lq, h, dv), lambda n, i, c, e: E.sum(p[n, c, i, rj] * v[n, c // group, rj, e], axis=rj),
+                       name=name, tag="batch_matmul", attrs=attrs)
     return compute((b, h, lq, dv), lambda n, c, i, e: E.sum(p[n, c, i, rj] * v[n, c // group, rj, e], axis=rj),
                    name=name, tag="batch_matmul", attrs=attrs)
 
@@ -84,6 +93,7 @@ class AttentionParts:
     scale: float
     causal: bool
     output: Tensor
+    heads_last: bool = False  # the output is [B, Lq, H, Dv]
 
     @property
     def group(self) -> int:
@@ -111,7 +121,8 @@ def attention_parts(output: Tensor) -> AttentionParts:
     q, k = _reads(scores.op)
     mask = extra[0] if op.attrs["mask"] == "additive" else None
     lengths = extra[0] if op.attrs["mask"] == "lengths" else None
-    return AttentionParts(q, k, v, mask, lengths, float(op.attrs["scale"]), bool(op.attrs["causal"]), output)
+    return AttentionParts(q, k, v, mask, lengths, float(op.attrs["scale"]), bool(op.attrs["causal"]), output,
+                          bool(op.attrs.get("heads_last", False)))
 
 
 def _reads(op) -> list[Tensor]:
