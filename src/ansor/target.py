@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import platform
 import re
+import sys
 from dataclasses import asdict, dataclass
 
 
@@ -50,7 +53,8 @@ class Target:
             raise ValueError(f"this CPU has no {isa} (its best is {best})")
         if num_cores is not None and not 1 <= num_cores <= cores:
             raise ValueError(f"num_cores must be between 1 and this machine's {cores}, got {num_cores}")
-        present = tuple(f for f in DOT_PRODUCT_FEATURES if f in flags and _fits_isa(f, isa))
+        present = tuple(f for f in DOT_PRODUCT_FEATURES if f in flags and _fits_isa(f, isa)
+                        and (not f.startswith("amx") or _amx_permitted()))
         if dot_products is None:
             dot_products = present
         missing = [f for f in dot_products if f not in present]
@@ -152,6 +156,20 @@ def _fits_isa(feature: str, isa: str) -> bool:
     if isa == "generic":
         return False
     return isa == "avx512" or feature not in _NEEDS_AVX512
+
+
+@functools.lru_cache(maxsize=1)
+def _amx_permitted() -> bool:
+    """Whether Linux gives this process AMX's tile state (ARCH_REQ_XCOMP_PERM, kernels from
+    5.16): without it the first tile instruction kills the process, so a CPU whose kernel
+    refuses is treated as one without AMX."""
+    if platform.machine() != "x86_64" or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(158, 0x1023, 18) == 0  # SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XTILEDATA
+    except (OSError, AttributeError):
+        return False
 
 
 def _cpu_flags() -> set[str]:

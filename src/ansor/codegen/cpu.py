@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ansor.codegen import cpu_prelude
 from ansor.codegen.c_like import CLikePrinter
+from ansor.instructions import AMX_STEPS
 from ansor.lower import ir, live_rows
 from ansor.lower.dot_product import operand_roles
 from ansor.lower.register_tile import index_coefficient, load_key, load_offset, loads_in
@@ -189,6 +190,9 @@ class CPrinter(CLikePrinter):
     def register_tile(self, tile: ir.RegisterTile, depth: int) -> None:
         """The accumulator in one vector variable per vector across the kept loops; each
         update one vector statement."""
+        if tile.amx is not None:
+            self.amx_tile(tile, depth)
+            return
         if tile.instruction is not None:
             self.dot_product_tile(tile, depth)
             return
@@ -310,6 +314,76 @@ class CPrinter(CLikePrinter):
             self.emit("}", d)
         for o, r in zip(tile.offsets, regs):
             self.emit(f"{form.store_acc}((void*)&{acc}[{base}{o}], {r});", d)
+        for _ in range(tile.outer + 1):
+            d -= 1
+            self.emit("}", d)
+
+    def amx_tile(self, tile: ir.RegisterTile, depth: int) -> None:
+        """A dot-product register tile as AMX tiles (`ir.AmxShape`): the accumulator tiles
+        loaded from the accumulator buffer, then per tile instruction's steps of the depth
+        loop the row and packed operands' tiles loaded and each accumulator tile updated, then
+        the accumulators stored back. Tile registers: accumulators from 0, row operands from
+        4, packed operands from 6."""
+        amx, ins = tile.amx, tile.instruction
+        self.use("ansor_amx_configure")
+        loops = tile.loops()
+        depth_loop, row_loop, vector_loop = loops[tile.kept - 1], loops[tile.kept], loops[-1]
+        store = tile.nest
+        while isinstance(store, ir.For):
+            store = store.body
+        _, lhs, rhs = operand_roles(store.value.b, tile.buffer.dtype, (ins.feature,), ins.vector_bytes)
+        acc = self.names(tile.buffer, tile.buffer.name)
+        rows = ir.AmxShape.TILE_ROWS
+        acc_bytes = amx.acc_row_stride * E.DTYPE_BYTES[tile.buffer.dtype]
+        lhs_bytes = amx.lhs_row_stride * E.DTYPE_BYTES[lhs.buffer.dtype]
+        rhs_bytes = amx.rhs_step_stride * E.DTYPE_BYTES[rhs.buffer.dtype]
+        blocks = [(b, c) for b in range(amx.row_blocks) for c in range(amx.chunks)]
+
+        def at(load_buffer, indices, bound) -> str:
+            moved = [E.substitute(i, bound) for i in indices]
+            return f"&{self.names(load_buffer, load_buffer.name)}[{self.flat_index(load_buffer, moved)}]"
+
+        def acc_at(b: int, c: int) -> str:
+            bound = {row_loop.var: E.Const(b * rows, "int32"), vector_loop.var: E.Const(c * ins.lanes, "int32")}
+            return at(tile.buffer, store.indices, bound)
+
+        d = depth
+        for f in loops[:tile.outer]:
+            d = self._open_loop(f, d)
+        self.emit(f"/* AMX tile: {acc} as {len(blocks)} accumulator tiles of {rows} x {ins.lanes}, "
+                  f"{amx.instruction.name} ({ins.depth * AMX_STEPS} products per element and instruction) */", d)
+        self.emit("{", d)
+        d += 1
+        self.emit(f"ansor_amx_configure({rows});", d)
+        for n, (b, c) in enumerate(blocks):
+            self.emit(f"ansor_tile_loadd({n}, {acc_at(b, c)}, {acc_bytes});", d)
+        for f in loops[tile.outer:tile.kept - 1]:
+            d = self._open_loop(f, d)
+        steps = depth_loop.extent // (ins.depth * AMX_STEPS)
+        group = E.Var(f"{depth_loop.var.name}_t")
+        group_name = self.names(group, group.name)
+        self.ranges[id(group)] = (0, steps - 1)
+        self.ranges[id(depth_loop.var)] = (0, depth_loop.extent - 1)
+        self.ranges[id(row_loop.var)] = (0, row_loop.extent - 1)
+        self.ranges[id(vector_loop.var)] = (0, vector_loop.extent - 1)
+        self.emit(f"for ({self.INDEX_TYPE} {group_name} = 0; {group_name} < {steps}; ++{group_name}) {{", d)
+        d += 1
+        first = group * (ins.depth * AMX_STEPS)
+        for b in range(amx.row_blocks):
+            bound = {depth_loop.var: first, row_loop.var: E.Const(b * rows, "int32")}
+            self.emit(f"ansor_tile_loadd({4 + b}, {at(lhs.buffer, lhs.indices, bound)}, {lhs_bytes});", d)
+        for c in range(amx.chunks):
+            bound = {depth_loop.var: first, vector_loop.var: E.Const(c * ins.lanes, "int32")}
+            self.emit(f"ansor_tile_loadd({6 + c}, {at(rhs.buffer, rhs.indices, bound)}, {rhs_bytes});", d)
+        for n, (b, c) in enumerate(blocks):
+            self.emit(f"{amx.instruction.intrinsic}({n}, {4 + b}, {6 + c});", d)
+        d -= 1
+        self.emit("}", d)
+        for _ in range(tile.kept - 1 - tile.outer):
+            d -= 1
+            self.emit("}", d)
+        for n, (b, c) in enumerate(blocks):
+            self.emit(f"ansor_tile_stored({n}, {acc_at(b, c)}, {acc_bytes});", d)
         for _ in range(tile.outer + 1):
             d -= 1
             self.emit("}", d)

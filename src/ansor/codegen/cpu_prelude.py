@@ -138,8 +138,39 @@ _WORD32 = """\
 static inline int32_t ansor_word32(const void* p) { int32_t v; __builtin_memcpy(&v, p, 4); return v; }
 """
 
+_AMX = """\
+/* AMX tiles. Registers 0-5 hold `rows` rows (the accumulators and the row operands), 6-7 hold
+   16 (the packed operands: one row per step of the vector instruction's depth); every row is
+   64 bytes. Linux hands the tile state to a process that asks for it (ARCH_REQ_XCOMP_PERM).
+   The configuration is loaded before every tile block: another library (oneDNN) may have
+   loaded its own on this thread in between. ANSOR_AMX_EMULATION: the same instructions in
+   plain C (tests/amx_emulation.h), for checking programs on CPUs without AMX. */
+#ifdef ANSOR_AMX_EMULATION
+#include "amx_emulation.h"
+#else
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define ansor_tile_loadd(t, p, stride) _tile_loadd(t, p, stride)
+#define ansor_tile_stored(t, p, stride) _tile_stored(t, p, stride)
+#define ansor_tile_dpbusd(c, a, b) _tile_dpbusd(c, a, b)
+#define ansor_tile_dpbf16ps(c, a, b) _tile_dpbf16ps(c, a, b)
+static void ansor_amx_configure(int rows) {
+  static volatile int permitted = 0;
+  if (!permitted) { syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */); permitted = 1; }
+  unsigned char config[64] = {1};  /* palette 1 */
+  for (int t = 0; t < 8; ++t) {
+    config[16 + 2 * t] = 64;                   /* bytes per row (little-endian 16-bit) */
+    config[48 + t] = (unsigned char)(t < 6 ? rows : 16);
+  }
+  _tile_loadconfig(config);
+}
+#endif
+"""
+
 PIECES: tuple[PreludePiece, ...] = (
     PreludePiece("ansor_word32", _WORD32, "dot products"),
+    PreludePiece("ansor_amx_configure", _AMX, "dot products"),
     PreludePiece("ANSOR_VECMATH", _VECMATH, "vecmath"),
     PreludePiece("ansor_bits", _BITS, "vecmath"),
     PreludePiece("ansor_expf", _EXPF, "vecmath", ("ANSOR_VECMATH", "ansor_bits")),

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 
-from ansor.instructions import DotProductInstruction, find_instruction
+from ansor.instructions import AMX_STEPS, DotProductInstruction, amx_form, find_instruction
 from ansor.lower import ir
 from ansor.lower.register_tile import index_coefficient, loads_in
 from ansor.lower.rewrite import StmtRewriter, flat_seq
@@ -110,7 +110,8 @@ def plan_dot_product_tile(loop: ir.For, buf: ir.Buffer, features: tuple[str, ...
         return None
     block = bool(outer) or enclosed  # the tile is a block of the accumulator, not all of it
     accumulators = buf.size // lanes if not block else count * chunks
-    if accumulators + chunks + 1 > registers:
+    amx = amx_form(ins, features)
+    if accumulators + chunks + 1 > registers and amx is None:
         return None
     scope = dict(ranges)
     for f in nest:
@@ -137,7 +138,44 @@ def plan_dot_product_tile(loop: ir.For, buf: ir.Buffer, features: tuple[str, ...
             slot = slot_of.setdefault(at.const, len(slot_of)) if block else at.const // lanes
             updates.append((slot, E.substitute(value.b, binding), c * lanes))
     offsets = tuple(slot_of) if block else tuple(range(0, accumulators * lanes, lanes))
-    return ir.RegisterTile(buf, loop, lanes, split, tuple(updates), frozenset(), outer, base, offsets, ins)
+    shape = None if amx is None else _amx_shape(amx, ins, inner, vec, depth_loop, index, lhs, rhs, group, simplifier)
+    if shape is None and accumulators + chunks + 1 > registers:
+        return None
+    return ir.RegisterTile(buf, loop, lanes, split, tuple(updates), frozenset(), outer, base, offsets, ins, shape)
+
+
+#: Tiles of each kind a program uses, in AMX's 8 registers: accumulators 0-3, row operands 4-5,
+#: packed operands 6-7 (the printer's fixed assignment, `codegen.cpu`).
+AMX_ACCUMULATOR_TILES, AMX_ROW_TILES, AMX_PACKED_TILES = 4, 2, 2
+
+
+def _amx_shape(amx: DotProductInstruction, ins: DotProductInstruction, inner: list[ir.For], vec: ir.For,
+               depth_loop: ir.For, index: E.Expr, lhs: ir.BufferLoad, rhs: ir.BufferLoad, group: E.Var,
+               simplifier: Simplifier) -> ir.AmxShape | None:
+    """The tile's AMX form, or None where its shape is not one: one row loop of 16 or 32 rows,
+    one or two chunks of 16 lanes, a depth loop of whole tile instructions (64 bytes of each
+    row), the row operand contiguous along the depth and every operand's rows evenly spaced."""
+    if len(inner) != 1 or inner[0].extent % ir.AmxShape.TILE_ROWS:
+        return None
+    row = inner[0]
+    row_blocks, chunks = row.extent // ir.AmxShape.TILE_ROWS, vec.extent // ins.lanes
+    if row_blocks > AMX_ROW_TILES or chunks > AMX_PACKED_TILES or row_blocks * chunks > AMX_ACCUMULATOR_TILES:
+        return None
+    if depth_loop.extent % (AMX_STEPS * ins.depth):
+        return None
+    acc_rows, acc_lanes = index_coefficient(index, row.var), index_coefficient(index, vec.var)
+    lhs_index = simplifier.simplify(lhs.buffer.flat_index(lhs.indices))
+    lhs_rows, lhs_depth = index_coefficient(lhs_index, row.var), index_coefficient(lhs_index, depth_loop.var)
+    if acc_lanes != 1 or lhs_depth != 1 or not acc_rows or not lhs_rows:
+        return None
+    if index_coefficient(simplifier.simplify(rhs.buffer.flat_index(rhs.indices)), row.var) != 0:
+        return None  # the packed operand is the same for every row
+    stepped = simplifier.simplify(E.substitute(rhs.buffer.flat_index(rhs.indices),
+                                               {depth_loop.var: group * ins.depth}))
+    rhs_step = index_coefficient(stepped, group)
+    if not rhs_step:
+        return None
+    return ir.AmxShape(amx, row_blocks, chunks, acc_rows, lhs_rows, rhs_step)
 
 
 def _operands_fit(simplifier: Simplifier, lhs: ir.BufferLoad, rhs: ir.BufferLoad, depth_var: E.Var,

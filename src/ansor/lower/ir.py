@@ -115,6 +115,24 @@ class Barrier(Stmt):
     scope: str = "shared"
 
 
+@dataclass(frozen=True)
+class AmxShape:
+    """A dot-product register tile run as AMX tiles: its one row loop (the first loop inside
+    the kept ones) in blocks of `TILE_ROWS` rows, its vector loop in chunks of 16 lanes; an
+    accumulator tile per (row block, chunk), a row-operand tile per row block and a
+    packed-operand tile per chunk, each instruction summing `AMX_STEPS` of the vector
+    instruction's steps of the depth loop. Strides are in elements of each buffer."""
+
+    TILE_ROWS = 16
+
+    instruction: DotProductInstruction  # tdpbusd or tdpbf16ps
+    row_blocks: int                     # accumulator (and row-operand) tiles down the rows
+    chunks: int                         # accumulator (and packed-operand) tiles across
+    acc_row_stride: int                 # between the accumulator's rows
+    lhs_row_stride: int                 # between the row operand's rows
+    rhs_step_stride: int                # between the packed operand's steps of the depth
+
+
 @dataclass(eq=False)
 class RegisterTile(Stmt):
     """An accumulator update nest that runs with the accumulator in vector registers.
@@ -142,6 +160,8 @@ class RegisterTile(Stmt):
     #: a dot-product instruction (`ansor.instructions`) computes each update: the last kept loop
     #: is the reduction it sums `instruction.depth` steps of at a time (`lower/dot_product.py`)
     instruction: DotProductInstruction | None = None
+    #: the same sums as AMX tiles instead of vectors (`lower/dot_product.py`)
+    amx: AmxShape | None = None
 
     def loops(self) -> list[For]:
         """The loops of `nest`, outermost first."""

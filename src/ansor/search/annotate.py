@@ -174,12 +174,16 @@ def _register_tile(dag, steps: list, register: set[int], rng: random.Random, max
     for i in order:
         step = steps[i]
         left = room.setdefault(step.stage_id, register_vectors * vector_lanes)
-        extent = tiled_extent(step.extent, rng)
-        fits = [d for d in divisors(extent) if d <= min(left, max_innermost)]
-        if i in vectorized:
-            fits = [d for d in fits if d % vector_lanes == 0] or fits
-        inner = rng.choice(fits)
-        room[step.stage_id] = left // inner
+        fixed = step.lengths[-1]  # a sketch's own choice (an AMX tile's rows and columns)
+        if fixed is not None and step.extent % fixed == 0:
+            extent, inner = step.extent, fixed
+        else:
+            extent = tiled_extent(step.extent, rng)
+            fits = [d for d in divisors(extent) if d <= min(left, max_innermost)] or [1]
+            if i in vectorized:
+                fits = [d for d in fits if d % vector_lanes == 0] or fits
+            inner = rng.choice(fits)
+        room[step.stage_id] = max(1, left // inner)
         drawn[i] = _tile_lengths(step, extent, inner, rng)
     return drawn
 

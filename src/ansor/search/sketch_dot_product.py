@@ -23,8 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ansor.instructions import DotProductInstruction, find_instruction
-from ansor.schedule.state import State
+from ansor.instructions import AMX_STEPS, DotProductInstruction, amx_form, find_instruction
+from ansor.schedule.state import ScheduleError, State
+from ansor.schedule.steps import SplitStep
 from ansor.search.sketch import (Cond, SketchRule, elementwise_matched_consumer, follow_tiling,
                                  multi_level_tile, needs_multi_level_tiling)
 from ansor.te import expr as E
@@ -107,6 +108,29 @@ def _condition(ctx, state: State, sid: int) -> Cond:
 DEPTH_STEPS = (4, 2, 1)
 
 
+def _amx_variant(s: State, split_ids: list[int], ins: DotProductInstruction) -> State | None:
+    """The sketch with its register tile fixed to an AMX shape (`lower/dot_product.py`): the
+    output's last axis 32 or 16 columns (two or one tiles of 16 lanes), the axis before it 32
+    or 16 rows, every other spatial axis 1; None where the extents allow no such tile. The
+    other lengths are drawn as usual (`annotate.fill_tile_sizes` keeps a fixed innermost)."""
+    if len(split_ids) < 2:
+        return None
+    steps = list(s.steps)
+    extents = [steps[i].extent for i in split_ids]
+    if any(e is None for e in extents[-2:]) or extents[-1] % ins.lanes or extents[-2] % 16:
+        return None
+    inner = [1] * (len(split_ids) - 2) + [32 if extents[-2] % 32 == 0 else 16,
+                                          32 if extents[-1] % 32 == 0 else 16]
+    for i, length in zip(split_ids, inner):
+        step = steps[i]
+        steps[i] = SplitStep(step.stage_id, step.iter_id, step.extent, (*step.lengths[:-1], length),
+                             step.inner_to_outer)
+    try:
+        return State.replay(s.dag, steps)
+    except ScheduleError:
+        return None
+
+
 def _apply(ctx, state: State, sid: int):
     target = ctx.target
     base = state.copy()
@@ -133,7 +157,9 @@ def _apply(ctx, state: State, sid: int):
         s = base.copy()
         k_name = s.stages[sid].op.reduce_axes[match.reduce_index].name
         k = next(it for it in s.stages[sid].iters if it.kind == "reduce" and it.name == k_name)
-        steps = next(n for n in DEPTH_STEPS if k.extent % (ins.depth * n) == 0)
+        amx = amx_form(ins, target.dot_products)
+        deepest = (AMX_STEPS, *DEPTH_STEPS) if amx is not None else DEPTH_STEPS  # a tile instruction's depth
+        steps = next(n for n in deepest if k.extent % (ins.depth * n) == 0)
         _, depth_piece = s.split(sid, k.name, [ins.depth * steps])
         split_ids = multi_level_tile(s, sid, ctx.tiling_structure, None, untiled=[depth_piece.name])
         follow_tiling(s, consumer, split_ids, level)
@@ -145,6 +171,9 @@ def _apply(ctx, state: State, sid: int):
         s.interleave_layout(copy, match.packed_dim_k, ins.depth)
         out.append((s, sid + len(s.stages) - before - 1,
                     f"fused at level {level}, {ins.name} ({ins.lhs_dtype} x {ins.rhs_dtype} -> {ins.acc_dtype})"))
+        tiles = _amx_variant(s, split_ids, ins) if amx is not None and steps == AMX_STEPS else None
+        if tiles is not None:
+            out.append((tiles, sid + len(s.stages) - before - 1, f"fused at level {level}, {amx.name} tiles"))
     return out
 
 
