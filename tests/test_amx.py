@@ -132,3 +132,25 @@ def test_int8_amx_programs_on_this_cpu():
     b = rng.integers(-128, 128, (256, 64), dtype=np.int8)
     for state in _amx_programs(task):
         np.testing.assert_array_equal(compile_state(task, state)(a, b), a.astype(np.int32) @ b.astype(np.int32))
+
+
+@pytest.mark.parametrize("shape,kernel,channels_out,stride,pads", [
+    ((1, 6, 32, 64), (3, 3), 32, (1, 1), (1, 1, 1, 1)),
+    ((2, 4, 16, 128), (1, 1), 16, (1, 1), (0, 0, 0, 0)),
+], ids=["3x3", "1x1"])
+def test_int8_nhwc_convolutions_as_amx_tiles_are_bit_exact(shape, kernel, channels_out, stride, pads, tmp_path):
+    """A convolution's rows are output pixels along a row of the image and its reduction the
+    input channels of each window position: the tiles read the padded input's copy."""
+    from test_int8_convolutions import _conv_task, _numpy_conv_nhwc
+
+    target = Target.cpu("avx512", 2, INT8_AMX)
+    task = _conv_task(target, shape, kernel, channels_out, stride, pads, 131)
+    programs = _amx_programs(task, 2)
+    assert programs, "the search drew no AMX program for an AMX target"
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 256, shape, dtype=np.uint8)
+    w = rng.integers(-128, 128, (*kernel, shape[3], channels_out), dtype=np.int8)
+    want = _numpy_conv_nhwc(x, w, stride, pads, 131)
+    builder = _emulating_builder(target, tmp_path)
+    for state in programs:
+        np.testing.assert_array_equal(compile_state(task, state, builder=builder)(x, w), want, err_msg=str(state))
