@@ -75,9 +75,10 @@ def amx_form(vector: DotProductInstruction, features: tuple[str, ...]) -> DotPro
     types, 64-byte rows), where the CPU has it (its AMX feature and the tile registers)."""
     if vector.vector_bytes != 64 or "amx_tile" not in features:
         return None
+    types = (vector.lhs_dtype, vector.rhs_dtype, vector.acc_dtype)
     return next((ins for ins in INSTRUCTIONS
                  if ins.rows > 1 and ins.feature in features
-                 and (ins.lhs_dtype, ins.rhs_dtype, ins.acc_dtype) == (vector.lhs_dtype, vector.rhs_dtype, vector.acc_dtype)),
+                 and (ins.lhs_dtype, ins.rhs_dtype, ins.acc_dtype) == types),
                 None)
 
 

@@ -333,7 +333,7 @@ class CPrinter(CLikePrinter):
             store = store.body
         _, lhs, rhs = operand_roles(store.value.b, tile.buffer.dtype, (ins.feature,), ins.vector_bytes)
         acc = self.names(tile.buffer, tile.buffer.name)
-        rows = ir.AmxShape.TILE_ROWS
+        rows = amx.instruction.rows
         acc_bytes = amx.acc_row_stride * E.DTYPE_BYTES[tile.buffer.dtype]
         lhs_bytes = amx.lhs_row_stride * E.DTYPE_BYTES[lhs.buffer.dtype]
         rhs_bytes = amx.rhs_step_stride * E.DTYPE_BYTES[rhs.buffer.dtype]

@@ -155,10 +155,10 @@ def _amx_shape(amx: DotProductInstruction, ins: DotProductInstruction, inner: li
     """The tile's AMX form, or None where its shape is not one: one row loop of 16 or 32 rows,
     one or two chunks of 16 lanes, a depth loop of whole tile instructions (64 bytes of each
     row), the row operand contiguous along the depth and every operand's rows evenly spaced."""
-    if len(inner) != 1 or inner[0].extent % ir.AmxShape.TILE_ROWS:
+    if len(inner) != 1 or inner[0].extent % amx.rows:
         return None
     row = inner[0]
-    row_blocks, chunks = row.extent // ir.AmxShape.TILE_ROWS, vec.extent // ins.lanes
+    row_blocks, chunks = row.extent // amx.rows, vec.extent // ins.lanes
     if row_blocks > AMX_ROW_TILES or chunks > AMX_PACKED_TILES or row_blocks * chunks > AMX_ACCUMULATOR_TILES:
         return None
     if depth_loop.extent % (AMX_STEPS * ins.depth):

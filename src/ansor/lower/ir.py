@@ -118,12 +118,10 @@ class Barrier(Stmt):
 @dataclass(frozen=True)
 class AmxShape:
     """A dot-product register tile run as AMX tiles: its one row loop (the first loop inside
-    the kept ones) in blocks of `TILE_ROWS` rows, its vector loop in chunks of 16 lanes; an
-    accumulator tile per (row block, chunk), a row-operand tile per row block and a
+    the kept ones) in blocks of the tile instruction's 16 rows, its vector loop in chunks of 16
+    lanes; an accumulator tile per (row block, chunk), a row-operand tile per row block and a
     packed-operand tile per chunk, each instruction summing `AMX_STEPS` of the vector
     instruction's steps of the depth loop. Strides are in elements of each buffer."""
-
-    TILE_ROWS = 16
 
     instruction: DotProductInstruction  # tdpbusd or tdpbf16ps
     row_blocks: int                     # accumulator (and row-operand) tiles down the rows

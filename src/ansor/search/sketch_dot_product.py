@@ -108,7 +108,8 @@ def _condition(ctx, state: State, sid: int) -> Cond:
 DEPTH_STEPS = (4, 2, 1)
 
 
-def _amx_variant(s: State, split_ids: list[int], ins: DotProductInstruction) -> State | None:
+def _amx_variant(s: State, split_ids: list[int], ins: DotProductInstruction,
+                 amx: DotProductInstruction) -> State | None:
     """The sketch with its register tile fixed to an AMX shape (`lower/dot_product.py`): the
     output's last axis 32 or 16 columns (two or one tiles of 16 lanes), the axis before it 32
     or 16 rows, every other spatial axis 1; None where the extents allow no such tile. The
@@ -117,10 +118,10 @@ def _amx_variant(s: State, split_ids: list[int], ins: DotProductInstruction) -> 
         return None
     steps = list(s.steps)
     extents = [steps[i].extent for i in split_ids]
-    if any(e is None for e in extents[-2:]) or extents[-1] % ins.lanes or extents[-2] % 16:
+    if any(e is None for e in extents[-2:]) or extents[-1] % ins.lanes or extents[-2] % amx.rows:
         return None
-    inner = [1] * (len(split_ids) - 2) + [32 if extents[-2] % 32 == 0 else 16,
-                                          32 if extents[-1] % 32 == 0 else 16]
+    inner = [1] * (len(split_ids) - 2) + [2 * amx.rows if extents[-2] % (2 * amx.rows) == 0 else amx.rows,
+                                          2 * ins.lanes if extents[-1] % (2 * ins.lanes) == 0 else ins.lanes]
     for i, length in zip(split_ids, inner):
         step = steps[i]
         steps[i] = SplitStep(step.stage_id, step.iter_id, step.extent, (*step.lengths[:-1], length),
@@ -171,7 +172,7 @@ def _apply(ctx, state: State, sid: int):
         s.interleave_layout(copy, match.packed_dim_k, ins.depth)
         out.append((s, sid + len(s.stages) - before - 1,
                     f"fused at level {level}, {ins.name} ({ins.lhs_dtype} x {ins.rhs_dtype} -> {ins.acc_dtype})"))
-        tiles = _amx_variant(s, split_ids, ins) if amx is not None and steps == AMX_STEPS else None
+        tiles = _amx_variant(s, split_ids, ins, amx) if amx is not None and steps == AMX_STEPS else None
         if tiles is not None:
             out.append((tiles, sid + len(s.stages) - before - 1, f"fused at level {level}, {amx.name} tiles"))
     return out
