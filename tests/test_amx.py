@@ -43,13 +43,16 @@ def _matmul_task(m: int, k: int, n: int, lhs: str, rhs: str, acc: str, target: T
     return ansor.Task([a, b, c], target=target, name="matmul")
 
 
-def _amx_programs(task: ansor.Task, want: int = 3) -> list:
+def _sampled(task: ansor.Task, count: int = 48) -> list:
     policy = SketchPolicy(task, seed=0)
     try:
-        states = policy.sample(48)
+        return policy.sample(count)
     finally:
         policy.close()
-    return [s for s in states if "ansor_tile_dp" in generate_source(s, task.target)[0]][:want]
+
+
+def _amx_programs(task: ansor.Task, want: int = 3) -> list:
+    return [s for s in _sampled(task) if "ansor_tile_dp" in generate_source(s, task.target)[0]][:want]
 
 
 def test_amx_is_the_tile_form_of_the_vector_instructions():
@@ -114,13 +117,28 @@ def test_amx_programs_compile_with_the_real_instructions(tmp_path):
 def test_a_target_without_amx_keeps_the_vector_instruction():
     target = Target.cpu("avx512", 2, ("avx512_vnni",))
     task = _matmul_task(64, 256, 64, "uint8", "int8", "int32", target)
-    policy = SketchPolicy(task, seed=0)
-    try:
-        sources = [generate_source(s, target)[0] for s in policy.sample(16)]
-    finally:
-        policy.close()
+    sources = [generate_source(s, target)[0] for s in _sampled(task, 16)]
     assert not any("ansor_tile" in src for src in sources)
     assert any("_mm512_dpbusd_epi32" in src for src in sources)
+
+
+@pytest.mark.skipif("avx512_vnni" not in Target.host().dot_products, reason="this CPU has no AVX512-VNNI")
+def test_an_amx_target_keeps_vectors_where_a_tile_is_not_an_amx_shape(tmp_path):
+    """Register tiles of other shapes on the same AMX target stay vpdpbusd vectors (run here
+    where the CPU has them), and every program of the sample is bit-exact."""
+    target = Target.cpu("avx512", 2, INT8_AMX)
+    task = _matmul_task(64, 256, 64, "uint8", "int8", "int32", target)
+    states = _sampled(task, 24)
+    sources = [generate_source(s, target)[0] for s in states]
+    vectors = [s for s, src in zip(states, sources) if "_mm512_dpbusd_epi32" in src and "ansor_tile_dp" not in src]
+    assert vectors and any("ansor_tile_dp" in src for src in sources)
+    rng = np.random.default_rng(4)
+    a = rng.integers(0, 256, (64, 256), dtype=np.uint8)
+    b = rng.integers(-128, 128, (256, 64), dtype=np.int8)
+    builder = _emulating_builder(target, tmp_path)
+    for state in states[:8] + vectors[:2]:
+        np.testing.assert_array_equal(compile_state(task, state, builder=builder)(a, b),
+                                      a.astype(np.int32) @ b.astype(np.int32), err_msg=str(state))
 
 
 @pytest.mark.skipif("amx_int8" not in Target.host().dot_products, reason="this CPU has no AMX")
