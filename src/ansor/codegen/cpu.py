@@ -15,7 +15,7 @@ from ansor.codegen import cpu_prelude
 from ansor.codegen.c_like import CLikePrinter
 from ansor.instructions import AMX_STEPS
 from ansor.lower import ir, live_rows
-from ansor.lower.dot_product import operand_roles
+from ansor.lower.dot_product import AMX_ACCUMULATOR_TILES, AMX_ROW_TILES, operand_roles
 from ansor.lower.register_tile import index_coefficient, load_key, load_offset, loads_in
 from ansor.te import expr as E
 
@@ -307,23 +307,17 @@ class CPrinter(CLikePrinter):
             a = operand(lhs, start, lambda p: f"{form.broadcast}(ansor_word32({p}))")
             b = operand(rhs, start, lambda p: f"{form.load_operand}((const void*){p})")
             self.emit(f"{regs[slot]} = {ins.intrinsic}({regs[slot]}, {form.cast}{a}, {form.cast}{b});", d)
-        d -= 1
-        self.emit("}", d)
-        for _ in range(tile.kept - 1 - tile.outer):
-            d -= 1
-            self.emit("}", d)
+        d = self._close_loops(d, tile.kept - tile.outer)  # the depth loop and the kept ones
         for o, r in zip(tile.offsets, regs):
             self.emit(f"{form.store_acc}((void*)&{acc}[{base}{o}], {r});", d)
-        for _ in range(tile.outer + 1):
-            d -= 1
-            self.emit("}", d)
+        self._close_loops(d, tile.outer + 1)
 
     def amx_tile(self, tile: ir.RegisterTile, depth: int) -> None:
         """A dot-product register tile as AMX tiles (`ir.AmxShape`): the accumulator tiles
         loaded from the accumulator buffer, then per tile instruction's steps of the depth
         loop the row and packed operands' tiles loaded and each accumulator tile updated, then
-        the accumulators stored back. Tile registers: accumulators from 0, row operands from
-        4, packed operands from 6."""
+        the accumulators stored back. Tile registers: accumulators from 0, then the row
+        operands, then the packed operands (`lower.dot_product.AMX_ACCUMULATOR_TILES`...)."""
         amx, ins = tile.amx, tile.instruction
         self.use("ansor_amx_configure")
         loops = tile.loops()
@@ -338,6 +332,7 @@ class CPrinter(CLikePrinter):
         lhs_bytes = amx.lhs_row_stride * E.DTYPE_BYTES[lhs.buffer.dtype]
         rhs_bytes = amx.rhs_step_stride * E.DTYPE_BYTES[rhs.buffer.dtype]
         blocks = [(b, c) for b in range(amx.row_blocks) for c in range(amx.chunks)]
+        row_tiles, packed_tiles = AMX_ACCUMULATOR_TILES, AMX_ACCUMULATOR_TILES + AMX_ROW_TILES  # first registers
 
         def at(load_buffer, indices, bound) -> str:
             moved = [E.substitute(i, bound) for i in indices]
@@ -371,22 +366,23 @@ class CPrinter(CLikePrinter):
         first = group * (ins.depth * AMX_STEPS)
         for b in range(amx.row_blocks):
             bound = {depth_loop.var: first, row_loop.var: E.Const(b * rows, "int32")}
-            self.emit(f"ansor_tile_loadd({4 + b}, {at(lhs.buffer, lhs.indices, bound)}, {lhs_bytes});", d)
+            self.emit(f"ansor_tile_loadd({row_tiles + b}, {at(lhs.buffer, lhs.indices, bound)}, {lhs_bytes});", d)
         for c in range(amx.chunks):
             bound = {depth_loop.var: first, vector_loop.var: E.Const(c * ins.lanes, "int32")}
-            self.emit(f"ansor_tile_loadd({6 + c}, {at(rhs.buffer, rhs.indices, bound)}, {rhs_bytes});", d)
+            self.emit(f"ansor_tile_loadd({packed_tiles + c}, {at(rhs.buffer, rhs.indices, bound)}, {rhs_bytes});", d)
         for n, (b, c) in enumerate(blocks):
-            self.emit(f"{amx.instruction.intrinsic}({n}, {4 + b}, {6 + c});", d)
-        d -= 1
-        self.emit("}", d)
-        for _ in range(tile.kept - 1 - tile.outer):
-            d -= 1
-            self.emit("}", d)
+            self.emit(f"{amx.instruction.intrinsic}({n}, {row_tiles + b}, {packed_tiles + c});", d)
+        d = self._close_loops(d, tile.kept - tile.outer)  # the tile instructions' loop and the kept ones
         for n, (b, c) in enumerate(blocks):
             self.emit(f"ansor_tile_stored({n}, {acc_at(b, c)}, {acc_bytes});", d)
-        for _ in range(tile.outer + 1):
+        self._close_loops(d, tile.outer + 1)
+
+    def _close_loops(self, d: int, count: int) -> int:
+        """`count` closing braces, each one level out; the depth after them."""
+        for _ in range(count):
             d -= 1
             self.emit("}", d)
+        return d
 
     def _open_loop(self, f: ir.For, d: int) -> int:
         var = self.names(f.var, f.var.name)
