@@ -134,6 +134,32 @@ def test_every_annotated_program_is_traced_to_its_own_sketch():
                 assert program is None or sketch_index(program, prefixes) == k, (name, k)
 
 
+def test_a_program_of_an_amx_sketch_is_traced_to_it_not_to_its_vector_twin():
+    """The AMX sketch differs from the vector one only in the split lengths it fixes."""
+    from ansor import te
+    from ansor.search.sketch_policy import sketch_index, sketch_structure
+    from ansor.target import Target
+
+    a = te.placeholder((64, 256), "uint8", name="a")
+    b = te.placeholder((256, 64), "int8", name="b")
+    k = te.reduce_axis(256, "k")
+    c = te.compute((64, 64), lambda i, j: te.sum(te.cast(a[i, k], "int32") * te.cast(b[k, j], "int32"), axis=k),
+                   name="c")
+    target = Target.cpu("avx512", 2, ("avx512_vnni", "amx_tile", "amx_int8"))
+    policy = SketchPolicy(ansor.Task([a, b, c], target=target, name="int8_matmul"), seed=0)
+    try:
+        amx = [n for n, s in enumerate(policy.sketches) if "tdpbusd" in " ".join(s.history)]
+        assert amx
+        prefixes = [sketch_structure(s.steps) for s in policy.sketches]
+        for k in range(len(policy.sketches)):
+            for _ in range(5):
+                program = annotate_program(policy.sketches[k].steps, policy.task.dag, policy.rng, policy.params,
+                                           policy.hardware)
+                assert program is None or sketch_index(program, prefixes) == k or k not in amx, k
+    finally:
+        policy.close()
+
+
 def test_a_first_round_measures_the_best_program_of_every_sketch():
     """Nothing of the task measured yet: whatever the model thinks of a whole sketch, the
     round's picks start with one program of each (the model's best of it)."""

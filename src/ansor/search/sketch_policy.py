@@ -269,28 +269,48 @@ class SketchPolicy(SearchPolicy):
 
 
 def sketch_structure(steps: Sequence) -> tuple:
-    """What a sketch fixes in its steps: all of each step but the lengths of a split, of which
-    only the number of levels, and the value of a template's pragma, of which only the name
-    before "$" (annotation fills in lengths and knobs, and adds steps after them)."""
+    """What a sketch fixes in its steps, per step: all of it but the lengths of a split and the
+    value of a template's pragma, of which only the name before "$" (annotation fills in
+    knobs, and adds steps after them); and apart, the split's lengths, None where annotation
+    draws one (a sketch may fix some: an AMX tile's rows and columns)."""
     def part(field: str, value):
         if field == "lengths" and value is not None:
             return len(value)
         if field == "pragma" and isinstance(value, str):
             return value.split("$", 1)[0]
         return value
-    return tuple(repr([part(f, v) for f, v in zip(("tag", *(x.name for x in fields(st))), st.to_json())])
+
+    def lengths(step) -> tuple | None:
+        value = getattr(step, "lengths", None)
+        return tuple(value) if value is not None else None
+
+    return tuple((repr([part(f, v) for f, v in zip(("tag", *(x.name for x in fields(st))), st.to_json())]),
+                  lengths(st))
                  for st in steps)
 
 
+def _fixed_lengths(prefix: tuple) -> int:
+    return sum(length is not None for _, lengths in prefix if lengths is not None for length in lengths)
+
+
+def _starts_with(structure: tuple, prefix: tuple) -> bool:
+    """Whether a program's structure starts with a sketch's: the same steps, and each split
+    length the sketch fixed."""
+    return len(prefix) <= len(structure) and all(
+        rest == own_rest and (lengths is None or all(a is None or a == b for a, b in zip(lengths, own_lengths)))
+        for (rest, lengths), (own_rest, own_lengths) in zip(prefix, structure))
+
+
 def sketch_index(program, prefixes: Sequence[tuple]) -> int | None:
-    """The sketch a program was annotated from (the longest structure its steps start with),
-    None where none matches (evolution changed a structural step)."""
+    """The sketch a program was annotated from (the longest structure its steps start with,
+    of those the one that fixed the most split lengths), None where none matches (evolution
+    changed a structural step)."""
     longest = max((len(p) for p in prefixes), default=0)
     structure = sketch_structure(program.steps[:longest])
-    found, size = None, -1
+    found, rank = None, (-1, -1)
     for k, prefix in enumerate(prefixes):
-        if size < len(prefix) <= len(structure) and structure[:len(prefix)] == prefix:
-            found, size = k, len(prefix)
+        if _starts_with(structure, prefix) and (len(prefix), _fixed_lengths(prefix)) > rank:
+            found, rank = k, (len(prefix), _fixed_lengths(prefix))
     return found
 
 
