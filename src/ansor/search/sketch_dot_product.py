@@ -151,6 +151,8 @@ def _apply(ctx, state: State, sid: int):
         match = match_dot_product(base, sid, target.dot_products, target.vector_unit_bytes)
         if match is None:
             return []
+    amx = amx_form(ins, target.dot_products)
+    deepest = (AMX_STEPS, *DEPTH_STEPS) if amx is not None else DEPTH_STEPS  # a tile instruction's depth
     out = []
     for level in ctx.fusion_levels:
         if ctx.tiling_structure[level - 1] != "S":
@@ -158,8 +160,6 @@ def _apply(ctx, state: State, sid: int):
         s = base.copy()
         k_name = s.stages[sid].op.reduce_axes[match.reduce_index].name
         k = next(it for it in s.stages[sid].iters if it.kind == "reduce" and it.name == k_name)
-        amx = amx_form(ins, target.dot_products)
-        deepest = (AMX_STEPS, *DEPTH_STEPS) if amx is not None else DEPTH_STEPS  # a tile instruction's depth
         steps = next(n for n in deepest if k.extent % (ins.depth * n) == 0)
         _, depth_piece = s.split(sid, k.name, [ins.depth * steps])
         split_ids = multi_level_tile(s, sid, ctx.tiling_structure, None, untiled=[depth_piece.name])
