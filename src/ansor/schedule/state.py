@@ -150,6 +150,13 @@ class Stage:
         return int(ref)
 
 
+def _tiles_spatially(st: Stage) -> bool:
+    """Whether a stage's spatial loops are tiled on more than one level (a root spatial
+    iterator split into three or more pieces)."""
+    spatial = {it.name for it in st.root_iters if it.kind == "spatial"}
+    return any(isinstance(r, Split) and r.parent in spatial and len(r.factors) >= 2 for r in st.relations)
+
+
 def _root_iters(op) -> list[Iterator]:
     if isinstance(op, PlaceholderOp):
         return []
@@ -172,6 +179,8 @@ class State:
         self._rewrite_end = 0  # steps[:_rewrite_end] made the current stage list (cache stages, rfactor)
         self._key: str | None = None
         self._bodies: dict[int, E.Expr] = {}  # stage id -> effective body, until the next step
+        # indices of the split steps that block a reduction around a spatial tiling (see `split`)
+        self.reduction_block_steps: frozenset[int] = frozenset()
 
     def copy(self) -> "State":
         new = State.__new__(State)
@@ -182,6 +191,7 @@ class State:
         new._rewrite_end = self._rewrite_end
         new._key = self._key
         new._bodies = self._bodies
+        new.reduction_block_steps = self.reduction_block_steps
         return new
 
     # lookup --------------------------------------------------------------------------------
@@ -298,6 +308,11 @@ class State:
         (outer to inner) when inner_to_outer, else the outer pieces. Non-divisible is allowed."""
         lengths = tuple(None if n is None else int(n) for n in lengths)
         sid, idx, extent, pieces = self._split(stage, iterator, lengths, inner_to_outer)
+        if pieces[0].kind == "reduce" and _tiles_spatially(self.stages[sid]):
+            # a reduction split of a multi-level tiled stage: its inner piece is the block of the
+            # reduction the inner spatial tiles sweep between two visits of their outputs (never
+            # the innermost loop), so the search bounds its length apart from innermost tiles
+            self.reduction_block_steps = self.reduction_block_steps | {len(self.steps)}
         self._record(SplitStep(sid, idx, extent, lengths, inner_to_outer))
         return pieces
 

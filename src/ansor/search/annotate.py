@@ -134,8 +134,13 @@ def register_tile_vectors(params: SearchParams, vector_registers: int) -> int:
 
 
 def fill_tile_sizes(dag, steps: list, rng: random.Random, max_innermost: int, vector_lanes: int = 0,
-                    register_tile_prob: float = 0.0, register_vectors: int = REGISTER_ACCUMULATORS) -> State:
+                    register_tile_prob: float = 0.0, register_vectors: int = REGISTER_ACCUMULATORS,
+                    max_reduction_block: int = 0) -> State:
     """Replay a sketch's steps with every undecided split length sampled.
+
+    The reduction split of a tiled stage draws its inner length (the reduction block) up to
+    `max_reduction_block` (0: `max_innermost`); every other split's innermost length up to
+    `max_innermost`.
 
     With probability `register_tile_prob` the program gets a register tile: the second
     innermost level of every tiled spatial axis is 1, so the reduction loops (which the
@@ -150,10 +155,12 @@ def fill_tile_sizes(dag, steps: list, rng: random.Random, max_innermost: int, ve
         for i in sorted(register):
             lengths = sample_factors(steps[i].extent, len(steps[i].lengths) - 1, rng, max_innermost, vector_lanes)
             drawn[i] = (*lengths[:-1], 1, lengths[-1])
+    blocks = reduction_block_splits(dag, tuple(steps)) if max_reduction_block else frozenset()
     filled = []
     for i, step in enumerate(steps):
         if _undecided(step):
-            lengths = drawn.get(i) or sample_factors(step.extent, len(step.lengths), rng, max_innermost, vector_lanes)
+            bound = max_reduction_block if i in blocks else max_innermost
+            lengths = drawn.get(i) or sample_factors(step.extent, len(step.lengths), rng, bound, vector_lanes)
             step = _replace(step, lengths=lengths)
         filled.append(step)
     return State.replay(dag, filled)
@@ -213,6 +220,16 @@ def innermost_loop_splits(dag, sketch_steps: tuple) -> frozenset[int]:
     innermost = {st.name: root_axis_of(st, st.iters[-1].name) for st in state.stages
                  if not st.is_placeholder and st.iters}
     return frozenset(i for i, (stage, axis) in axis_of_split.items() if innermost.get(stage) == axis)
+
+
+@functools.lru_cache(maxsize=256)
+def reduction_block_splits(dag, sketch_steps: tuple) -> frozenset[int]:
+    """Indices of the sketch's reduction splits of multi-level tiled stages
+    (`State.reduction_block_steps`), found by replaying the sketch once (cached per sketch)."""
+    try:
+        return State.replay(dag, list(sketch_steps)).reduction_block_steps
+    except (ScheduleError, IndexError):
+        return frozenset()
 
 
 def _placeable(it) -> bool:
@@ -424,7 +441,8 @@ def annotate(sketch_steps: list, dag, rng: random.Random, params: SearchParams, 
     register_prob = 1.0 if any(isinstance(step, InterleaveStep) for step in sketch_steps) else params.register_tile_prob
     try:
         s = fill_tile_sizes(dag, sketch_steps, rng, params.max_innermost_split_factor, vector_lanes,
-                            register_prob, register_tile_vectors(params, vector_registers))
+                            register_prob, register_tile_vectors(params, vector_registers),
+                            params.max_reduction_block)
         if not params.disable_change_compute_location:
             change_compute_locations(s, rng, params.fused_location_prob)
         cores = max(1, num_cores)

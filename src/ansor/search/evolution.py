@@ -37,8 +37,9 @@ def _replay(dag, steps: Sequence[Step]) -> State | None:
 # mutations: each returns a new State or None
 
 def mutate_tile_size(state: State, rng: random.Random, params: SearchParams) -> State | None:
-    """Move a factor between two levels of one split; the product (the extent) is preserved."""
-    max_inner = params.max_innermost_split_factor
+    """Move a factor between two levels of one split; the product (the extent) is preserved.
+    The innermost level stays within `max_innermost_split_factor`, a reduction block within
+    `max_reduction_block`."""
     candidates = [i for i, s in enumerate(state.steps)
                   if isinstance(s, SplitStep) and s.extent and s.extent > 1 and s.inner_to_outer
                   and all(n is not None for n in s.lengths)]
@@ -58,7 +59,9 @@ def mutate_tile_size(state: State, rng: random.Random, params: SearchParams) -> 
             dst = order[(k + 1) % len(order)]
             choices = [d for d in divisors(values[src]) if d > 1]
             if dst == len(values) - 1:
-                choices = [d for d in choices if d * values[dst] <= max_inner]
+                bound = (params.max_reduction_block if idx in state.reduction_block_steps
+                         else params.max_innermost_split_factor)
+                choices = [d for d in choices if d * values[dst] <= bound]
             if not choices:
                 continue
             d = rng.choice(choices)
@@ -315,6 +318,7 @@ class Genome:
     dag: object
     steps: tuple
     state_key: str
+    reduction_block_steps: frozenset = frozenset()  # as the program's State has them
 
     def key(self) -> str:
         return self.state_key

@@ -33,6 +33,11 @@ class SearchParams:
     cpu_pack_reused_operands: bool = True     # also sketch copies of B-like inputs in a tiled layout
     # random annotation
     max_innermost_split_factor: int = 64      # innermost tile length bound
+    max_reduction_block: int = 1024           # bound of the reduction block of a tiled stage (the inner
+                                              # length of its reduction split, which is never its
+                                              # innermost loop): a block of 512-1024 keeps a weight
+                                              # panel in L2 while the row tiles pass (BENCHMARKS.md);
+                                              # GPU searches keep max_innermost_split_factor
     vector_tile_bias: bool = True             # half the innermost tile draws: a multiple of the vector lanes
     register_tile_prob: float = 0.25          # share of programs whose spatial tiles are register tiles
                                               # (second innermost spatial level 1 on every axis)

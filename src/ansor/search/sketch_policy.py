@@ -36,8 +36,12 @@ class SketchPolicy(SearchPolicy):
         super().__init__(task, seed)
         self.params = search_params(params)
         target = task.target
-        if target.is_gpu and "mutation_weights" not in (params if isinstance(params, Mapping) else {}):
+        given = params if isinstance(params, Mapping) else {}
+        if target.is_gpu and "mutation_weights" not in given:
             self.params = self.params.replace(mutation_weights=dict(GPU_MUTATION_WEIGHTS))
+        if target.is_gpu and "max_reduction_block" not in given:
+            # a GPU block stages its reduction block in shared memory: bounded like any tile
+            self.params = self.params.replace(max_reduction_block=self.params.max_innermost_split_factor)
         self.rng = random.Random(seed)
         self.cost_model = cost_model
         ctx = SketchContext(target, self.params.cpu_multi_level_tiling_structure,

@@ -54,7 +54,8 @@ def _extract_chunk(step_lists: list[tuple]) -> list[np.ndarray]:
 
 
 def _packed(state) -> tuple | None:
-    """What travels back for a new program: (steps, key, features); None for no program.
+    """What travels back for a new program: (steps, key, features, reduction block steps);
+    None for no program.
     Evolution breeds the same program again from different parents (a few in a hundred
     children): its features are remembered by key rather than lowered again."""
     if state is None:
@@ -66,25 +67,25 @@ def _packed(state) -> tuple | None:
         if len(_WORKER_FEATURES) >= _WORKER_FEATURES_LIMIT:
             _WORKER_FEATURES.clear()
         _WORKER_FEATURES[key] = feats
-    return tuple(state.steps), key, feats
+    return tuple(state.steps), key, feats, state.reduction_block_steps
 
 
 def _breed_chunk(args: tuple) -> list[tuple | None]:
-    """Children of one chunk of orders: (steps, key, features) or None where the operation
+    """Children of one chunk of orders: `_packed` tuples, or None where the operation
     did not apply."""
     orders, seed, params, cores = args
     rng = random.Random(seed)
     out: list[tuple | None] = []
     with collector_paused():
-        for op, parent_steps, other_steps in orders:
-            parent = Genome(_WORKER_DAG, parent_steps, "")
+        for op, parent_steps, parent_blocks, other_steps in orders:
+            parent = Genome(_WORKER_DAG, parent_steps, "", parent_blocks)
             other = Genome(_WORKER_DAG, other_steps, "") if other_steps is not None else None
             out.append(_packed(breed_one(op, parent, other, rng, params, cores)))
     return out
 
 
 def _sample_chunk(args: tuple) -> list[tuple | None]:
-    """Randomly annotated programs of the given sketches: (steps, key, features) or None."""
+    """Randomly annotated programs of the given sketches: `_packed` tuples, or None."""
     sketches, count, seed, params, hardware = args
     rng = random.Random(seed)
     with collector_paused():
@@ -153,9 +154,9 @@ class SearchWorkers:
                 if item is None:
                     out.append(None)
                     continue
-                steps, key, feats = item
+                steps, key, feats, blocks = item
                 memo.setdefault(key, feats)
-                out.append(Genome(self.dag, steps, key))
+                out.append(Genome(self.dag, steps, key, blocks))
         return out
 
     def breed(self, orders: list, seed: int, params: SearchParams, memo: dict, cores: int = 1) -> list:
@@ -166,7 +167,8 @@ class SearchWorkers:
             return breed_locally(orders, seed, params, cores)
         jobs = []
         for c, chunk in enumerate(chunk_orders(orders)):
-            packed = [(op, tuple(p.steps), tuple(o.steps) if o is not None else None) for op, p, o in chunk]
+            packed = [(op, tuple(p.steps), p.reduction_block_steps, tuple(o.steps) if o is not None else None)
+                      for op, p, o in chunk]
             jobs.append((packed, chunk_seed(seed, c), params, cores))
         return self._collect(self._ensure_pool().map(_breed_chunk, jobs), memo)
 
