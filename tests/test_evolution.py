@@ -19,6 +19,7 @@ from ansor.schedule.state import State
 from ansor.search.annotate import multi_level_splits
 from ansor.search.evolution import MUTATIONS, crossover, evolve, mutate_tile_shape, mutate_tile_size
 from ansor.search.sketch_policy import SketchPolicy
+from ansor.target import Target
 from ansor.workloads import make_task
 
 
@@ -46,9 +47,49 @@ def test_tile_size_mutation_preserves_perfect_tiling(conv_policy):
         assert child is not None
         assert child.key() != st.key()
         assert all(perfect for *_, perfect in _split_products(child))
-        for s in child.steps:
+        for i, s in enumerate(child.steps):
             if isinstance(s, SplitStep) and s.lengths:
-                assert s.lengths[-1] <= conv_policy.params.max_innermost_split_factor
+                bound = (conv_policy.params.max_reduction_block if i in child.reduction_block_steps
+                         else conv_policy.params.max_innermost_split_factor)
+                assert s.lengths[-1] <= bound
+
+
+def _reduction_blocks(programs):
+    return [st.steps[i].lengths[-1] for st in programs for i in st.reduction_block_steps]
+
+
+def test_a_tiled_reduction_draws_blocks_past_the_innermost_bound(tmp_path):
+    """A tiled matmul's reduction split is the block its register tiles sweep between two
+    visits of their outputs, never the innermost loop: sampling and tile-size mutation give it
+    lengths past max_innermost_split_factor up to max_reduction_block (K blocks of 128-1024, as
+    BLAS keeps a weight panel in L2), every other split keeps the innermost bound, and such a
+    program computes the matmul. A GPU search keeps the innermost bound for all splits."""
+    task = make_task("matmul", (32, 48, 2048))
+    policy = SketchPolicy(task, seed=0, params={"search_workers": 1})
+    params = policy.params
+    programs = policy.sample(80)
+    blocks = _reduction_blocks(programs)
+    assert blocks and max(blocks) > params.max_innermost_split_factor
+    assert max(blocks) <= params.max_reduction_block
+    rng = random.Random(0)
+    children = [c for st in programs for c in (mutate_tile_size(st, rng, params),) if c is not None]
+    grown = [b for b in _reduction_blocks(children) if b > params.max_innermost_split_factor]
+    assert grown and max(grown) <= params.max_reduction_block
+    for st in [*programs, *children]:
+        for i, s in enumerate(st.steps):
+            if isinstance(s, SplitStep) and i not in st.reduction_block_steps:
+                assert s.lengths[-1] <= params.max_innermost_split_factor
+
+    inputs = task.random_inputs(0)
+    expected = task.reference_outputs(inputs)[0]
+    long_block = next(st for st in programs if any(st.steps[i].lengths[-1] >= 256 for i in st.reduction_block_steps))
+    out = compile_state(task, long_block, builder=Builder(cache_dir=tmp_path))(*inputs)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
+
+    small = SketchPolicy(task, seed=0, params={"search_workers": 1, "max_reduction_block": 8})
+    assert max(_reduction_blocks(small.sample(40))) <= 8
+    gpu = SketchPolicy(make_task("matmul", (64, 64, 2048), target=Target.cuda("sm_80")), seed=0)
+    assert gpu.params.max_reduction_block == gpu.params.max_innermost_split_factor
 
 
 def test_tile_shape_mutation_reshapes_the_innermost_tile_at_equal_volume():

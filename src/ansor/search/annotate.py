@@ -135,7 +135,7 @@ def register_tile_vectors(params: SearchParams, vector_registers: int) -> int:
 
 def fill_tile_sizes(dag, steps: list, rng: random.Random, max_innermost: int, vector_lanes: int = 0,
                     register_tile_prob: float = 0.0, register_vectors: int = REGISTER_ACCUMULATORS,
-                    max_reduction_block: int = 0) -> State:
+                    max_reduction_block: int = 0, blocked_register_tile_prob: float = 0.0) -> State:
     """Replay a sketch's steps with every undecided split length sampled.
 
     The reduction split of a tiled stage draws its inner length (the reduction block) up to
@@ -146,34 +146,65 @@ def fill_tile_sizes(dag, steps: list, rng: random.Random, max_innermost: int, ve
     innermost level of every tiled spatial axis is 1, so the reduction loops (which the
     tiling structure puts on both sides of that level) all sit right around the innermost
     tile, and an accumulator tile computed at the level above is exactly that tile.
-    Uniform sampling rarely draws length 1 on every axis at once."""
+    Uniform sampling rarely draws length 1 on every axis at once.
+
+    A share `blocked_register_tile_prob` of those register tiles is blocked as BLAS blocks a
+    GEMM: the axes other than the vectorized one draw their second innermost level (a sweep of
+    register tiles down the rows), and the reduction blocks are long (at least
+    `BLOCKED_REDUCTION_MIN` where the extent allows). Each block of the reduction then passes
+    all the rows of the sweep over one panel of the vectorized operand, which stays in the
+    cache between them; with the register tile right under the reduction block the
+    accumulators still live in registers for the whole block. A register tile draws no such
+    sweep, and the search seldom pairs a long block, a sweep and a register-sized tile by chance."""
     register = register_level_splits(steps) if rng.random() < register_tile_prob else set()
+    blocks = reduction_block_splits(dag, tuple(steps)) if max_reduction_block else frozenset()
+    blocked = bool(register) and bool(blocks) and rng.random() < blocked_register_tile_prob
     if vector_lanes > 1:
-        drawn = _register_tile(dag, steps, register, rng, max_innermost, vector_lanes, register_vectors)
+        drawn = _register_tile(dag, steps, register, rng, max_innermost, vector_lanes, register_vectors, blocked)
     else:  # no vector unit to size the tile by: each axis drawn on its own
         drawn = {}
         for i in sorted(register):
             lengths = sample_factors(steps[i].extent, len(steps[i].lengths) - 1, rng, max_innermost, vector_lanes)
             drawn[i] = (*lengths[:-1], 1, lengths[-1])
-    blocks = reduction_block_splits(dag, tuple(steps)) if max_reduction_block else frozenset()
     filled = []
     for i, step in enumerate(steps):
         if _undecided(step):
-            bound = max_reduction_block if i in blocks else max_innermost
-            lengths = drawn.get(i) or sample_factors(step.extent, len(step.lengths), rng, bound, vector_lanes)
+            if i in blocks and blocked:
+                lengths = _long_block(step, rng, max_reduction_block)
+            else:
+                bound = max_reduction_block if i in blocks else max_innermost
+                lengths = drawn.get(i) or sample_factors(step.extent, len(step.lengths), rng, bound, vector_lanes)
             step = _replace(step, lengths=lengths)
         filled.append(step)
     return State.replay(dag, filled)
 
 
+#: The shortest reduction block a blocked register tile draws (where the extent has a divisor
+#: this long): the accumulators of the sweep are loaded and stored once a block, so a short
+#: block costs more in those than the panel it keeps cached saves.
+BLOCKED_REDUCTION_MIN = 64
+
+
+def _long_block(step: SplitStep, rng: random.Random, max_reduction_block: int) -> tuple[int, ...]:
+    """A blocked register tile's reduction split: the innermost length a divisor of the
+    extent from BLOCKED_REDUCTION_MIN (or the extent, if shorter) to `max_reduction_block`,
+    the outer levels a random tiling of the rest."""
+    extent = step.extent
+    shortest = min(extent, BLOCKED_REDUCTION_MIN)
+    inner = rng.choice([d for d in divisors(extent) if shortest <= d <= max_reduction_block] or [extent])
+    outer = rng.choice(factorizations(extent // inner, len(step.lengths) - 1, extent))
+    return (*outer, inner)
+
+
 def _register_tile(dag, steps: list, register: set[int], rng: random.Random, max_innermost: int,
-                   vector_lanes: int, register_vectors: int) -> dict[int, tuple[int, ...]]:
+                   vector_lanes: int, register_vectors: int, blocked: bool = False) -> dict[int, tuple[int, ...]]:
     """Split lengths of a register tile that fits `register_vectors` vectors and is made of
     full vectors. The axis whose innermost loop annotation vectorizes (output columns, or
     channels where the weights are packed) draws first, a multiple of the lanes where its
     extent has one; the other axes then draw among the lengths that still fit. (Drawing every
     axis freely and retrying would leave most of a convolution's register tiles over the
-    96-float AVX2 budget, and a tile whose vectorized loop is 1 or 4 long is a tile of scalars.)"""
+    96-float AVX2 budget, and a tile whose vectorized loop is 1 or 4 long is a tile of scalars.)
+    `blocked`: the other axes also draw a sweep of tiles at the second innermost level."""
     vectorized = innermost_loop_splits(dag, tuple(steps))
     room: dict[int, int] = {}  # floats left in each stage's tile
     drawn: dict[int, tuple[int, ...]] = {}
@@ -191,14 +222,18 @@ def _register_tile(dag, steps: list, register: set[int], rng: random.Random, max
                 fits = [d for d in fits if d % vector_lanes == 0] or fits
             inner = rng.choice(fits)
         room[step.stage_id] = max(1, left // inner)
-        drawn[i] = _tile_lengths(step, extent, inner, rng)
+        drawn[i] = _tile_lengths(step, extent, inner, rng, sweep=blocked and i not in vectorized)
     return drawn
 
 
-def _tile_lengths(step: SplitStep, extent: int, inner: int, rng: random.Random) -> tuple[int, ...]:
+def _tile_lengths(step: SplitStep, extent: int, inner: int, rng: random.Random,
+                  sweep: bool = False) -> tuple[int, ...]:
     """A register-tiled axis's lengths: the outer levels a random tiling of what `inner`
-    leaves of `extent` (the split's, or its padded length), then 1, then `inner`."""
+    leaves of `extent` (the split's, or its padded length), then 1 (with `sweep`, a length
+    drawn with them), then `inner`."""
     n = len(step.lengths) - 2  # levels above the 1
+    if sweep:
+        return (*rng.choice(factorizations(extent // inner, n + 1, extent)), inner)
     outer = rng.choice(factorizations(extent // inner, n, extent)) if n > 0 else ()
     return (*outer, 1, inner)
 
@@ -437,12 +472,15 @@ def annotate(sketch_steps: list, dag, rng: random.Random, params: SearchParams, 
     `vector_registers` bounds register tiles."""
     # a dot-product sketch's accumulator tile becomes instructions only where it fits the
     # registers (`lower/dot_product.py`); any other tile leaves the widening loop, tens of times
-    # slower, so such sketches always draw a register tile
-    register_prob = 1.0 if any(isinstance(step, InterleaveStep) for step in sketch_steps) else params.register_tile_prob
+    # slower, so such sketches always draw a register tile, and never a blocked one: the tile
+    # the instructions compute is the accumulator buffer, which a sweep would outgrow
+    dot_product = any(isinstance(step, InterleaveStep) for step in sketch_steps)
+    register_prob = 1.0 if dot_product else params.register_tile_prob
+    blocked_prob = 0.0 if dot_product else params.blocked_register_tile_prob
     try:
         s = fill_tile_sizes(dag, sketch_steps, rng, params.max_innermost_split_factor, vector_lanes,
                             register_prob, register_tile_vectors(params, vector_registers),
-                            params.max_reduction_block)
+                            params.max_reduction_block, blocked_prob)
         if not params.disable_change_compute_location:
             change_compute_locations(s, rng, params.fused_location_prob)
         cores = max(1, num_cores)

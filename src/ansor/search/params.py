@@ -41,6 +41,9 @@ class SearchParams:
     vector_tile_bias: bool = True             # half the innermost tile draws: a multiple of the vector lanes
     register_tile_prob: float = 0.25          # share of programs whose spatial tiles are register tiles
                                               # (second innermost spatial level 1 on every axis)
+    blocked_register_tile_prob: float = 0.5   # share of the register tiles blocked as BLAS blocks a GEMM:
+                                              # a long reduction block over a sweep of tiles down the
+                                              # rows (`annotate.fill_tile_sizes`)
     register_tile_vectors: int = 0            # accumulator vectors a register tile may fill; 0: three
                                               # quarters of the target's vector registers (the rest hold
                                               # one reduction step's operands)
