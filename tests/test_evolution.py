@@ -86,6 +86,17 @@ def test_a_tiled_reduction_draws_blocks_past_the_innermost_bound(tmp_path):
     out = compile_state(task, long_block, builder=Builder(cache_dir=tmp_path))(*inputs)
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
 
+    # blocked register tiles: a sweep of row tiles (second innermost level of the rows above 1)
+    # under a reduction block of at least 64, the columns' tile one vector-lane multiple
+    def blocked(st):
+        rows, cols = (st.steps[i].lengths for i in multi_level_splits(st.steps)[-2:])
+        return (rows[-2] > 1 and cols[-2] == 1 and cols[-1] % 16 == 0
+                and all(st.steps[i].lengths[-1] >= 64 for i in st.reduction_block_steps))
+    assert any(blocked(st) for st in programs)
+    unblocked = SketchPolicy(task, seed=0, params={"search_workers": 1, "blocked_register_tile_prob": 0.0,
+                                                   "register_tile_prob": 1.0})
+    assert not any(blocked(st) for st in unblocked.sample(40))
+
     small = SketchPolicy(task, seed=0, params={"search_workers": 1, "max_reduction_block": 8})
     assert max(_reduction_blocks(small.sample(40))) <= 8
     gpu = SketchPolicy(make_task("matmul", (64, 64, 2048), target=Target.cuda("sm_80")), seed=0)

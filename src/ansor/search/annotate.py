@@ -187,11 +187,12 @@ BLOCKED_REDUCTION_MIN = 64
 
 def _long_block(step: SplitStep, rng: random.Random, max_reduction_block: int) -> tuple[int, ...]:
     """A blocked register tile's reduction split: the innermost length a divisor of the
-    extent from BLOCKED_REDUCTION_MIN (or the extent, if shorter) to `max_reduction_block`,
-    the outer levels a random tiling of the rest."""
+    extent from BLOCKED_REDUCTION_MIN (or the extent, if shorter) to `max_reduction_block`
+    (the longest divisor within the bound where none is that long), the outer levels a random
+    tiling of the rest."""
     extent = step.extent
-    shortest = min(extent, BLOCKED_REDUCTION_MIN)
-    inner = rng.choice([d for d in divisors(extent) if shortest <= d <= max_reduction_block] or [extent])
+    fits = [d for d in divisors(extent) if d <= max_reduction_block]
+    inner = rng.choice([d for d in fits if d >= min(extent, BLOCKED_REDUCTION_MIN)] or fits[-1:])
     outer = rng.choice(factorizations(extent // inner, len(step.lengths) - 1, extent))
     return (*outer, inner)
 
