@@ -7,6 +7,7 @@ from ansor.backend import Backend, Capabilities, register_backend
 from ansor.codegen.cpu import print_c
 from ansor.lower import ir
 from ansor.lower.dot_product import form_dot_product_tiles
+from ansor.lower.prefetch import prefetch_next_tasks
 from ansor.lower.register_tile import form_register_tiles, form_register_tiles_for_analysis
 from ansor.lower.small_parallel import serial_small_kernels
 from ansor.lower.transposed_store import form_transposed_stores
@@ -43,6 +44,10 @@ def register_tiles_for_analysis(func: ir.PrimFunc, caps: Capabilities) -> ir.Pri
     return form_register_tiles_for_analysis(func, caps.vector_bytes, caps.vector_registers)
 
 
+def next_task_prefetches(func: ir.PrimFunc, caps: Capabilities) -> ir.PrimFunc:
+    return prefetch_next_tasks(func)
+
+
 def transposed_stores(func: ir.PrimFunc, caps: Capabilities) -> ir.PrimFunc:
     return form_transposed_stores(func, caps.vector_bytes)
 
@@ -61,7 +66,8 @@ CPU = Backend(
     capabilities_of=cpu_capabilities,
     # small kernels serial first (it counts plain loops); tiles next: their nests are vector code
     # already; checks unswitched in the plain nests left
-    passes=(serial_when_small, dot_product_tiles, register_tiles, transposed_stores, unswitched_bounds_checks),
+    passes=(serial_when_small, dot_product_tiles, register_tiles, next_task_prefetches, transposed_stores,
+            unswitched_bounds_checks),
     analysis_passes=(serial_when_small, dot_product_tiles, register_tiles_for_analysis, transposed_stores,
                      unswitched_for_analysis),
     analyses_read_prepack=False,

@@ -220,6 +220,8 @@ class CPrinter(CLikePrinter):
                 self.emit(f"#pragma GCC unroll {min(f.extent, 65534)}", d)
             self.emit(f"for ({self.INDEX_TYPE} {var} = 0; {var} < {f.extent}; ++{var}) {{", d)
             d += 1
+        for buf, offset in tile.prefetches:
+            self.emit(f"__builtin_prefetch(&{self.names(buf, buf.name)}[{self.expr(offset)}], 0, 3);", d)
         vector_loop = loops[-1]
         self.ranges[id(vector_loop.var)] = (0, vector_loop.extent - 1)
         loaded: dict[str, str] = {}

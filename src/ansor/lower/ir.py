@@ -160,6 +160,9 @@ class RegisterTile(Stmt):
     instruction: DotProductInstruction | None = None
     #: the same sums as AMX tiles instead of vectors (`lower/dot_product.py`)
     amx: AmxShape | None = None
+    #: (buffer, element offset) fetched into the caches once per iteration of the innermost
+    #: kept loop: the next parallel task's panel of an operand (`lower/prefetch.py`)
+    prefetches: tuple[tuple[Buffer, E.Expr], ...] = ()
 
     def loops(self) -> list[For]:
         """The loops of `nest`, outermost first."""
