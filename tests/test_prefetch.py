@@ -12,11 +12,9 @@ from ansor.backend import backend_for
 from ansor.kernel import compile_state
 from ansor.lower import ir
 from ansor.lower.prefetch import plan_prefetch
-from ansor.lower.register_tile import index_coefficient
 from ansor.search.sketch_policy import SketchPolicy
 from ansor.task import Task
 from ansor.te import expr as E
-from ansor.te.arith import simplify
 
 
 def _linear_task() -> Task:
