@@ -301,14 +301,15 @@ def test_long_untiled_innermost_loops_are_split_and_vectorized():
 
 
 def test_register_tiles_put_the_whole_reduction_around_the_innermost_tile():
-    """With register_tile_prob 1 every multi-level-tiled spatial axis has its second innermost
-    level 1 (so R0 R1 sit right around S3), reduction splits keep their sampled lengths, and
-    the innermost tile fits three quarters of the vector registers (AVX-512 and AVX2)."""
+    """With register_tile_prob 1 (and no blocked tiles) every multi-level-tiled spatial axis has
+    its second innermost level 1 (so R0 R1 sit right around S3), reduction splits keep their
+    sampled lengths, and the innermost tile fits three quarters of the vector registers
+    (AVX-512 and AVX2). Blocked tiles are tested in test_evolution."""
     from ansor.schedule.steps import SplitStep
     from ansor.search.annotate import register_level_splits
 
     task = ansor.Task(make_task_tensors("conv2d", (1, 8, 12, 12, 16, 3, 3), padding=1), name="conv2d")
-    policy = SketchPolicy(task, seed=5, params={"register_tile_prob": 1.0})
+    policy = SketchPolicy(task, seed=5, params={"register_tile_prob": 1.0, "blocked_register_tile_prob": 0.0})
     rng = random.Random(0)
     reduce_lengths = set()
     for sketch in policy.sketches:

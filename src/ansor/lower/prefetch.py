@@ -18,7 +18,8 @@ software prefetch per iteration of its innermost kept loop, walking the next tas
 by the end of the current task: the panel arrives in L2 while the current one is computed
 (1.40 -> 1.31 ms cold; warm unchanged, 1.23 -> 1.21).
 
-Only a panel that qualifies gets one (`plan_prefetch`): its offset depends on the parallel
+Only a float vector tile's panel that qualifies gets one (`plan_prefetch`; the tiles of the
+dot-product instructions, int8 and bf16, get none yet): its offset depends on the parallel
 variable (in any form: a fused loop's `p % C` selects column panels) and is linear in the
 task's own loops and dense over them (the task reads a block of S contiguous elements, which
 the offset with `p + 1` and those loops at 0 starts the next one of), re-read at least twice a
