@@ -114,7 +114,7 @@ def test_checks_that_fail_somewhere_keep_the_nest_as_scheduled():
 
 def test_register_tiles_for_analysis_keep_the_same_loops():
     """The analysis tiles are the code generation tiles: same nests, same loops kept."""
-    _, states = sampled("matmul", (64, 64, 64), {}, count=16)
+    _, states = sampled("matmul", (64, 64, 64), {}, count=48)
     caps = backend_for(TARGET).capabilities(TARGET)
     tiles = 0
     for state in states:
