@@ -74,9 +74,8 @@ FEW_QUERIES = 8
 #: Multiply-adds (scores and weighted sum, every key) below which the tasks run on the calling
 #: thread: such an attention (decoding: one query row) takes microseconds on one core, less than
 #: waking another thread costs on an idle machine, and far less than the scheduler slice that a
-#: parallel loop waits for its threads on a busy one. At 2^19 and above, two threads win: a
-#: decoder block's 32-token bucket (4 heads, 524,288 multiply-adds) took 9.4 us on one thread
-#: and 6.6 us on two on a Zen 5 (BENCHMARKS.md); a decoding step (65,536) stays serial.
+#: parallel loop waits for its threads on a busy one. At 2^19 and above two threads win (a
+#: decoder block's 32-token bucket of 4 heads, BENCHMARKS.md); a decoding step stays serial.
 MIN_PARALLEL_MACS = 1 << 19
 
 #: The longest query and key tiles written: their buffers live on the stack of each thread,

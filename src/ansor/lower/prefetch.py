@@ -11,12 +11,11 @@ panel of packed weights, and sweeps its row tiles over that panel:
 The first sweep reads the panel from memory, the other R - 1 from L2. In a model the weights
 are cold (each layer's weights pass through the caches once a call), and that first sweep waits
 on memory at 16 bytes a cycle for every 8x48 tile, several times what one core can pull from
-DRAM: a BERT layer's K = 3072 linear took 1.40 ms cold against 1.22 ms warm. Hardware
-prefetchers follow the stream being read, not the next task's. So the tile issues one
+DRAM (BENCHMARKS.md: a BERT layer's linears, cold against warm). Hardware prefetchers follow
+the stream being read, not the next task's. So the tile issues one
 software prefetch per iteration of its innermost kept loop, walking the next task's panel
 (`p + 1`, the thread's next task under OpenMP's static schedule) at the pace that covers it
-by the end of the current task: the panel arrives in L2 while the current one is computed
-(1.40 -> 1.31 ms cold; warm unchanged, 1.23 -> 1.21).
+by the end of the current task: the panel arrives in L2 while the current one is computed.
 
 Only a float vector tile's panel that qualifies gets one (`plan_prefetch`; the tiles of the
 dot-product instructions, int8 and bf16, get none yet): its offset depends on the parallel
@@ -31,10 +30,11 @@ is formed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from ansor.lower import ir
-from ansor.lower.register_tile import index_coefficient, loads_in
+from ansor.lower.register_tile import index_coefficient, load_offset, loads_in
 from ansor.lower.rewrite import StmtRewriter
 from ansor.te import expr as E
 from ansor.te.arith import simplify
@@ -65,7 +65,7 @@ def plan_prefetch(tile: ir.RegisterTile, parallel: ir.For, path: list[ir.For],
         buf = load.buffer
         if buf.role not in PARAMETER_ROLES or id(buf) in seen:
             continue
-        offset = simplify(buf.flat_index(load.indices), scope)
+        offset = load_offset(load, scope)
         if not any(v is parallel.var for v in E.free_vars(offset)):
             continue  # every task reads the same elements
         coefficients = [(f, index_coefficient(offset, f.var)) for f in [*path, *loops]]
@@ -105,8 +105,7 @@ class _NextTaskPrefetch(StmtRewriter):
         if type(s) is ir.RegisterTile and self.parallel is not None:
             prefetches = plan_prefetch(s, self.parallel, self.path, self.ranges)
             if prefetches:
-                return ir.RegisterTile(s.buffer, s.nest, s.lanes, s.kept, s.updates, s.pinned, s.outer, s.base,
-                                       s.offsets, s.instruction, s.amx, prefetches)
+                return dataclasses.replace(s, prefetches=prefetches)
             return s
         return super().stmt(s)
 
