@@ -214,12 +214,7 @@ class CPrinter(CLikePrinter):
         d += 1
         self.emit(f"{vt} " + ", ".join(f"{r} = *({vt}*)&{acc}[{base}{o}]" for o, r in zip(tile.offsets, regs)) + ";", d)
         for f in loops[tile.outer:tile.kept]:
-            var = self.names(f.var, f.var.name)
-            self.ranges[id(f.var)] = (0, f.extent - 1)
-            if f.kind == "unrolled" or f.unroll_hint:
-                self.emit(f"#pragma GCC unroll {min(f.extent, 65534)}", d)
-            self.emit(f"for ({self.INDEX_TYPE} {var} = 0; {var} < {f.extent}; ++{var}) {{", d)
-            d += 1
+            d = self._open_loop(f, d)
         for buf, offset in tile.prefetches:
             self.emit(f"__builtin_prefetch(&{self.names(buf, buf.name)}[{self.expr(offset)}], 0, 3);", d)
         vector_loop = loops[-1]
@@ -228,14 +223,10 @@ class CPrinter(CLikePrinter):
         for slot, value, start in tile.updates:
             rhs = self._vector_text(tile, vector_loop.var, value, E.Const(start, "int32"), loaded, d)
             self.emit(f"{regs[slot]} = {regs[slot]} + {rhs};", d)
-        for _ in range(tile.kept - tile.outer):
-            d -= 1
-            self.emit("}", d)
+        d = self._close_loops(d, tile.kept - tile.outer)
         for o, r in zip(tile.offsets, regs):
             self.emit(f"*({vt}*)&{acc}[{base}{o}] = {r};", d)
-        for _ in range(tile.outer + 1):
-            d -= 1
-            self.emit("}", d)
+        self._close_loops(d, tile.outer + 1)
 
     def _vector_text(self, tile: ir.RegisterTile, vec_var: E.Var, expr: E.Expr, chunk_start: E.Const,
                      loaded: dict[str, str], depth: int) -> str:
