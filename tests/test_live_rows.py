@@ -91,3 +91,38 @@ def test_a_task_without_the_padded_axis_is_compiled_as_it_was():
     kernel = compile_state(task, state, live_rows=spec)
     assert not kernel.skips_padded_rows
     assert kernel.source == compile_state(task, state).source
+
+
+def _dense(rows: int):
+    x = te.placeholder((1, rows, 32), name="x")
+    w = te.placeholder((64, 32), name="w", constant=True)
+    k = te.reduce_axis(32, name="k")
+    return [x, w, te.compute((1, rows, 64), lambda b, i, j: te.sum(x[b, i, k] * w[j, k], axis=k), name="dense")]
+
+
+def test_register_tiles_straddling_the_length_compute_the_kept_rows_bit_for_bit():
+    """A tile of several rows whose last rows are padding runs only its kept rows' updates
+    (`ir.RaggedRows`): at every length the kept rows equal the whole tile's, bit for bit."""
+    padded = 24
+    task = ansor.Task(_dense(padded))
+    spec = LiveRowsSpec(1, 1, padded)
+    rng = np.random.default_rng(7)
+    inputs = [rng.standard_normal(t.shape).astype(np.float32) for t in task.inputs]
+    want = inputs[0] @ inputs[1].T
+    policy = SketchPolicy(task, seed=7)
+    try:
+        states = policy.sample(24)
+    finally:
+        policy.close()
+    ragged = 0
+    for n, state in enumerate(states):
+        kernel = compile_state(task, state, live_rows=spec)
+        ragged += "kept rows only" in kernel.source
+        whole = kernel(*inputs)
+        assert_close(whole, want, f"program {n}, every row")
+        for length in range(1, padded + 1):
+            kernel.set_live_rows(length)
+            got = kernel(*inputs)
+            assert np.array_equal(got[:, :length], whole[:, :length]), f"program {n}, length {length}"
+            assert not got[:, length:].any(), f"program {n}, length {length}: padded rows not zero"
+    assert ragged > 0, "no sampled program had a tile of several rows straddling the length"

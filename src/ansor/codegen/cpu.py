@@ -197,19 +197,40 @@ class CPrinter(CLikePrinter):
             self.dot_product_tile(tile, depth)
             return
         loops = tile.loops()
-        vt = self.use(f"ansor_f32x{tile.lanes}")
-        acc = self.names(tile.buffer, tile.buffer.name)
-        slots = len(tile.offsets)
-        regs = [self.names.fresh(f"{acc}_r{s}") for s in range(slots)]
         d = depth
         for f in loops[:tile.outer]:
             var = self.names(f.var, f.var.name)
             self.ranges[id(f.var)] = (0, f.extent - 1)
             self.emit(f"for ({self.INDEX_TYPE} {var} = 0; {var} < {f.extent}; ++{var}) {{", d)
             d += 1
+        ragged = tile.ragged
+        if ragged is None:
+            self._float_tile_block(tile, d, None)
+        else:  # the tile whole where every row it holds is kept, else only the kept rows' updates
+            left = self.names.fresh("rows_left")
+            self.emit(f"const {self.INDEX_TYPE} {left} = {self.expr(ragged.rows_left)};", d)
+            self.emit(f"if ({left} > {max(ragged.slot_rows)}) {{", d)
+            self._float_tile_block(tile, d + 1, None)
+            if max(ragged.slot_rows) > 0:  # a block of one row is kept whole or not at all
+                self.emit("} else {", d)
+                self._float_tile_block(tile, d + 1, left)
+            self.emit("}", d)
+        self._close_loops(d, tile.outer)
+
+    def _float_tile_block(self, tile: ir.RegisterTile, d: int, rows_left: str | None) -> None:
+        """One block of a float register tile: its vectors loaded, the kept loops of updates, the
+        vectors stored. With `rows_left` (a ragged tile's count of kept rows), each row's updates
+        run under `if (rows_left > row)`, the rows' tests nested in row order so that an operand
+        loaded for one row is in scope for the rows after it; each accumulator still sees its
+        updates in their order, so kept rows get the same values as from the whole tile."""
+        loops = tile.loops()
+        vt = self.use(f"ansor_f32x{tile.lanes}")
+        acc = self.names(tile.buffer, tile.buffer.name)
+        regs = [self.names.fresh(f"{acc}_r{s}") for s in range(len(tile.offsets))]
         base = "" if tile.base is None or (isinstance(tile.base, E.Const) and tile.base.value == 0) \
             else f"{self.expr(tile.base)} + "
-        self.emit(f"/* register tile: {acc} in {slots} {vt} variables across the reduction */", d)
+        self.emit(f"/* register tile: {acc} in {len(regs)} {vt} variables across the reduction"
+                  + (", kept rows only */" if rows_left else " */"), d)
         self.emit("{", d)
         d += 1
         self.emit(f"{vt} " + ", ".join(f"{r} = *({vt}*)&{acc}[{base}{o}]" for o, r in zip(tile.offsets, regs)) + ";", d)
@@ -220,13 +241,23 @@ class CPrinter(CLikePrinter):
         vector_loop = loops[-1]
         self.ranges[id(vector_loop.var)] = (0, vector_loop.extent - 1)
         loaded: dict[str, str] = {}
-        for slot, value, start in tile.updates:
+        updates = list(tile.updates)
+        guards = 0
+        if rows_left is not None:
+            rows = tile.ragged.slot_rows
+            updates.sort(key=lambda update: rows[update[0]])  # stable: each slot's updates keep their order
+        for n, (slot, value, start) in enumerate(updates):
+            if rows_left is not None and (n == 0 or rows[slot] != rows[updates[n - 1][0]]):
+                self.emit(f"if ({rows_left} > {rows[slot]}) {{", d)
+                d += 1
+                guards += 1
             rhs = self._vector_text(tile, vector_loop.var, value, E.Const(start, "int32"), loaded, d)
             self.emit(f"{regs[slot]} = {regs[slot]} + {rhs};", d)
+        d = self._close_loops(d, guards)
         d = self._close_loops(d, tile.kept - tile.outer)
         for o, r in zip(tile.offsets, regs):
             self.emit(f"*({vt}*)&{acc}[{base}{o}] = {r};", d)
-        self._close_loops(d, tile.outer + 1)
+        self._close_loops(d, 1)
 
     def _vector_text(self, tile: ir.RegisterTile, vec_var: E.Var, expr: E.Expr, chunk_start: E.Const,
                      loaded: dict[str, str], depth: int) -> str:

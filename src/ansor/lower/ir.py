@@ -131,6 +131,18 @@ class AmxShape:
     rhs_step_stride: int                # between the packed operand's steps of the depth
 
 
+@dataclass(frozen=True, eq=False)
+class RaggedRows:
+    """The rows of a register tile that a kernel skipping padded rows keeps (`lower/live_rows.py`):
+    `rows_left` (in the variables of the loops around the tile, its outer loops included) counts
+    the output rows from the tile's first one that are kept, and `slot_rows[slot]` is the row,
+    counted from that first one, that each accumulator vector ends up in. Where fewer rows are
+    kept than the tile holds, only the kept rows' updates run."""
+
+    rows_left: E.Expr
+    slot_rows: tuple[int, ...]
+
+
 @dataclass(eq=False)
 class RegisterTile(Stmt):
     """An accumulator update nest that runs with the accumulator in vector registers.
@@ -163,6 +175,8 @@ class RegisterTile(Stmt):
     #: (buffer, element offset) fetched into the caches once per iteration of the innermost
     #: kept loop: the next parallel task's panel of an operand (`lower/prefetch.py`)
     prefetches: tuple[tuple[Buffer, E.Expr], ...] = ()
+    #: which accumulator vectors a call of a shorter length needs (`lower/live_rows.py`)
+    ragged: RaggedRows | None = None
 
     def loops(self) -> list[For]:
         """The loops of `nest`, outermost first."""

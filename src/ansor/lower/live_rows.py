@@ -14,6 +14,9 @@ measured, checked or called on its own.
 - Every parallel or serial loop whose variable moves the output row skips an iteration whose
   lowest stored row is padding (a guard on the symbolic lower bound of the row index over the
   loops inside it). Vectorized and unrolled loops and register tiles are left whole.
+- A register tile whose rows straddle the kept length (the last tile of the kept rows) updates
+  only the accumulator vectors of kept rows (`ir.RaggedRows`): at length 17, a kernel of 8-row
+  tiles computes 17 rows instead of 24.
 - Then the padded rows of the output are set to zero, so no buffer holds a stale value past
   the length: a later kernel may read padded rows (attention weighs masked keys by exactly
   zero, which needs them finite), and zero is what the padding of the inputs holds.
@@ -25,18 +28,22 @@ stage computed at that loop), so no kept row and no value read later depends on 
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field, replace
 
 from ansor.lower import ir
 from ansor.te import expr as E
-from ansor.te.arith import const_bounds, simplify, symbolic_bounds
+from ansor.lower.rewrite import flat_seq
+from ansor.te.arith import const_bounds, simplify, symbolic_bounds, to_linear
 
 #: The C global of a kernel library that holds the call's length (the padded size P by default).
 GLOBAL = "ansor_live_rows"
 #: Loop kinds whose iterations may be skipped (the others are one vector or unrolled copies).
 SKIPPABLE_KINDS = ("serial", "parallel")
 E_INF = float("inf")
+#: The most points of an accumulator's copy into the output enumerated to map its elements to rows.
+MAX_COPY_POINTS = 16384
 
 
 @dataclass(frozen=True)
@@ -119,7 +126,7 @@ class _Skipper:
         if isinstance(s, ir.Seq):
             return ir.Seq([self.stmt(x, top) for x in s.stmts])
         if isinstance(s, ir.Allocate):
-            return ir.Allocate(s.buffer, self.stmt(s.body, top))
+            return ir.Allocate(s.buffer, self.stmt(_with_ragged_tiles(s, self.plan), top))
         if isinstance(s, ir.IfThenElse):
             return ir.IfThenElse(s.cond, self.stmt(s.then), None if s.orelse is None else self.stmt(s.orelse))
         if isinstance(s, ir.For) and s.kind in SKIPPABLE_KINDS:
@@ -174,6 +181,104 @@ class _Skipper:
         table = tuple(1 + max((v for v, low in enumerate(lowest) if low < length * spec.inner), default=-1)
                       for length in range(spec.padded + 1))
         return table if min(table) < s.extent else None
+
+
+def _with_ragged_tiles(alloc: ir.Allocate, plan: LiveRowsPlan) -> ir.Stmt:
+    """The allocation's body with each float register tile of its accumulator that is copied
+    into the output's rows made ragged (`ir.RaggedRows`): skipping the updates of padded rows
+    changes nothing but those rows, which are set to zero at the end."""
+    parts = flat_seq(alloc.body)
+    acc = alloc.buffer
+    readers = [p for p in parts if not isinstance(p, ir.RegisterTile) and _reads(p, acc)]
+    tiles = [p for p in parts if isinstance(p, ir.RegisterTile) and p.buffer is acc]
+    if alloc.buffer.scope != "local" or len(readers) != 1 or not tiles:
+        return alloc.body
+    rows = _rows_of_elements(readers[0], acc, plan)
+    if rows is None:
+        return alloc.body
+    row0, element_rows = rows
+    out = []
+    for part in parts:
+        if isinstance(part, ir.RegisterTile) and part.buffer is acc and part.instruction is None and part.amx is None:
+            ragged = _ragged_rows(part, element_rows, simplify(plan.live - row0))
+            part = part if ragged is None else replace(part, ragged=ragged)
+        out.append(part)
+    return out[0] if len(out) == 1 else ir.Seq(out)
+
+
+def _reads(stmt: ir.Stmt, buf: ir.Buffer) -> bool:
+    return any(isinstance(n, ir.BufferLoad) and n.buffer is buf for e in _exprs(stmt) for n in E.walk(e))
+
+
+def _rows_of_elements(copy: ir.Stmt, acc: ir.Buffer, plan: LiveRowsPlan) -> tuple[E.Expr, dict[int, int]] | None:
+    """For the nest that copies the accumulator `acc` into the output: the output row of its
+    first point (an expression in the loops around the allocation) and, per accumulator
+    element, its output row counted from that one; None where the copy is not a plain nest of
+    one store that reads one element of `acc` and writes one row."""
+    loops = []
+    node = copy
+    while isinstance(node, ir.For):
+        loops.append(node)
+        node = node.body
+    if not isinstance(node, ir.Store) or node.buffer is not plan.output or math.prod(f.extent for f in loops) > MAX_COPY_POINTS:
+        return None
+    reads = [n for n in E.walk(node.value) if isinstance(n, ir.BufferLoad) and n.buffer is acc]
+    if len(reads) != 1:
+        return None
+    element = acc.flat_index(reads[0].indices)
+    row = node.indices[plan.spec.axis]
+    row0 = simplify(E.substitute(row, {f.var: E.Const(0, "int32") for f in loops}))
+    rows: dict[int, int] = {}
+    for values in itertools.product(*(range(f.extent) for f in loops)):
+        binding = {f.var: E.Const(v, "int32") for f, v in zip(loops, values)}
+        at = simplify(E.substitute(element, binding))
+        offset = to_linear(simplify(E.substitute(row, binding) - row0))
+        if not isinstance(at, E.Const) or offset.terms or rows.setdefault(at.value, offset.const) != offset.const:
+            return None
+    return row0, rows
+
+
+def _ragged_rows(tile: ir.RegisterTile, element_rows: dict[int, int], rows_left: E.Expr) -> ir.RaggedRows | None:
+    """The tile's `ir.RaggedRows`, where each accumulator vector lies in one output row and
+    the rows of the tile's block move linearly with its outer loops; None otherwise, and where
+    the tile is one row that no outer loop of it moves (skipping the loops around it already
+    does all there is)."""
+    outer = tile.loops()[:tile.outer]
+    base = tile.base if tile.base is not None else E.Const(0, "int32")
+
+    def rows_at(values: tuple[int, ...]) -> tuple[int, tuple[int, ...]] | None:
+        at = simplify(E.substitute(base, {f.var: E.Const(v, "int32") for f, v in zip(outer, values)}))
+        if not isinstance(at, E.Const) or at.value not in element_rows:
+            return None
+        first = element_rows[at.value]
+        slots = []
+        for offset in tile.offsets:
+            lanes = {element_rows.get(at.value + offset + lane) for lane in range(tile.lanes)}
+            if len(lanes) != 1 or None in lanes:
+                return None
+            slots.append(lanes.pop() - first)
+        return first, tuple(slots)
+
+    origin = rows_at((0,) * len(outer))
+    if origin is None:
+        return None
+    # the block's first row, linear in the outer loops: its step along each, checked at every point
+    steps = []
+    for n, f in enumerate(outer):
+        unit = rows_at(tuple(int(m == n) for m in range(len(outer)))) if f.extent > 1 else origin
+        if unit is None:
+            return None
+        steps.append(unit[0] - origin[0])
+    if len(set(origin[1])) < 2 and not any(steps):
+        return None  # one row, whose iteration is skipped whole already
+    for values in itertools.product(*(range(f.extent) for f in outer)):
+        at = rows_at(values)
+        if at is None or at[1] != origin[1] or at[0] != origin[0] + sum(s * v for s, v in zip(steps, values)):
+            return None
+    shift: E.Expr = E.Const(origin[0], "int32")
+    for f, step in zip(outer, steps):
+        shift = shift + f.var * step
+    return ir.RaggedRows(simplify(rows_left - shift), origin[1])
 
 
 def _mentions(e: E.Expr, var: E.Var) -> bool:
