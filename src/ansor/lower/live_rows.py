@@ -220,7 +220,8 @@ def _rows_of_elements(copy: ir.Stmt, acc: ir.Buffer, plan: LiveRowsPlan) -> tupl
     while isinstance(node, ir.For):
         loops.append(node)
         node = node.body
-    if not isinstance(node, ir.Store) or node.buffer is not plan.output or math.prod(f.extent for f in loops) > MAX_COPY_POINTS:
+    if (not isinstance(node, ir.Store) or node.buffer is not plan.output
+            or math.prod(f.extent for f in loops) > MAX_COPY_POINTS):
         return None
     reads = [n for n in E.walk(node.value) if isinstance(n, ir.BufferLoad) and n.buffer is acc]
     if len(reads) != 1:
