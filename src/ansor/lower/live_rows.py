@@ -187,11 +187,12 @@ def _with_ragged_tiles(alloc: ir.Allocate, plan: LiveRowsPlan) -> ir.Stmt:
     """The allocation's body with each float register tile of its accumulator that is copied
     into the output's rows made ragged (`ir.RaggedRows`): skipping the updates of padded rows
     changes nothing but those rows, which are set to zero at the end."""
-    parts = flat_seq(alloc.body)
     acc = alloc.buffer
+    parts = flat_seq(alloc.body)
+    if acc.scope != "local" or not any(isinstance(p, ir.RegisterTile) and p.buffer is acc for p in parts):
+        return alloc.body
     readers = [p for p in parts if not isinstance(p, ir.RegisterTile) and _reads(p, acc)]
-    tiles = [p for p in parts if isinstance(p, ir.RegisterTile) and p.buffer is acc]
-    if alloc.buffer.scope != "local" or len(readers) != 1 or not tiles:
+    if len(readers) != 1:
         return alloc.body
     rows = _rows_of_elements(readers[0], acc, plan)
     if rows is None:
