@@ -215,7 +215,8 @@ def _rows_of_elements(copy: ir.Stmt, acc: ir.Buffer, plan: LiveRowsPlan) -> tupl
     """For the nest that copies the accumulator `acc` into the output: the output row of its
     first point (an expression in the loops around the allocation) and, per accumulator
     element, its output row counted from that one; None where the copy is not a plain nest of
-    one store that reads one element of `acc` and writes one row."""
+    one store that reads one element of `acc` (maybe more than once: an epilogue like GELU)
+    and writes one row."""
     loops = []
     node = copy
     while isinstance(node, ir.For):
@@ -224,18 +225,19 @@ def _rows_of_elements(copy: ir.Stmt, acc: ir.Buffer, plan: LiveRowsPlan) -> tupl
     if (not isinstance(node, ir.Store) or node.buffer is not plan.output
             or math.prod(f.extent for f in loops) > MAX_COPY_POINTS):
         return None
-    reads = [n for n in E.walk(node.value) if isinstance(n, ir.BufferLoad) and n.buffer is acc]
-    if len(reads) != 1:
+    elements = [acc.flat_index(n.indices) for n in E.walk(node.value) if isinstance(n, ir.BufferLoad) and n.buffer is acc]
+    if not elements:
         return None
-    element = acc.flat_index(reads[0].indices)
     row = node.indices[plan.spec.axis]
     row0 = simplify(E.substitute(row, {f.var: E.Const(0, "int32") for f in loops}))
     rows: dict[int, int] = {}
     for values in itertools.product(*(range(f.extent) for f in loops)):
         binding = {f.var: E.Const(v, "int32") for f, v in zip(loops, values)}
-        at = simplify(E.substitute(element, binding))
+        at = [simplify(E.substitute(element, binding)) for element in elements]
+        if not all(isinstance(a, E.Const) and a.value == at[0].value for a in at):
+            return None
         offset = to_linear(simplify(E.substitute(row, binding) - row0))
-        if not isinstance(at, E.Const) or offset.terms or rows.setdefault(at.value, offset.const) != offset.const:
+        if offset.terms or rows.setdefault(at[0].value, offset.const) != offset.const:
             return None
     return row0, rows
 
