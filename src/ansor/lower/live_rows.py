@@ -43,7 +43,7 @@ GLOBAL = "ansor_live_rows"
 SKIPPABLE_KINDS = ("serial", "parallel")
 E_INF = float("inf")
 #: The most points of an accumulator's copy into the output enumerated to map its elements to rows.
-MAX_COPY_POINTS = 16384
+MAX_COPY_POINTS = 4096
 
 
 @dataclass(frozen=True)
