@@ -13,7 +13,7 @@ measured, checked or called on its own.
   all taken from one thread's share.
 - Every parallel or serial loop whose variable moves the output row skips an iteration whose
   lowest stored row is padding (a guard on the symbolic lower bound of the row index over the
-  loops inside it). Vectorized and unrolled loops and register tiles are left whole.
+  loops inside it). Vectorized and unrolled loops are left whole.
 - A register tile whose rows straddle the kept length (the last tile of the kept rows) updates
   only the accumulator vectors of kept rows (`ir.RaggedRows`): at length 17, a kernel of 8-row
   tiles computes 17 rows instead of 24.
