@@ -93,22 +93,39 @@ def test_a_task_without_the_padded_axis_is_compiled_as_it_was():
     assert kernel.source == compile_state(task, state).source
 
 
-def _dense(rows: int):
-    x = te.placeholder((1, rows, 32), name="x")
-    w = te.placeholder((64, 32), name="w", constant=True)
+def _dense(rows: int, dtypes: tuple[str, str, str]):
+    x = te.placeholder((1, rows, 32), dtypes[0], name="x")
+    w = te.placeholder((64, 32), dtypes[1], name="w", constant=True)
     k = te.reduce_axis(32, name="k")
-    return [x, w, te.compute((1, rows, 64), lambda b, i, j: te.sum(x[b, i, k] * w[j, k], axis=k), name="dense")]
+    def body(b, i, j):
+        if dtypes[0] == dtypes[2]:
+            return te.sum(x[b, i, k] * w[j, k], axis=k)
+        # a widening product: dot-product instructions where the CPU has them
+        return te.sum(te.cast(x[b, i, k], dtypes[2]) * te.cast(w[j, k], dtypes[2]), axis=k)
+
+    return [x, w, te.compute((1, rows, 64), body, name="dense")]
 
 
-def test_register_tiles_straddling_the_length_compute_the_kept_rows_bit_for_bit():
+@pytest.mark.parametrize("dtypes", [("float32", "float32", "float32"), ("uint8", "int8", "int32")],
+                         ids=["float32", "int8"])
+def test_register_tiles_straddling_the_length_compute_the_kept_rows_bit_for_bit(dtypes):
     """A tile of several rows whose last rows are padding runs only its kept rows' updates
-    (`ir.RaggedRows`): at every length the kept rows equal the whole tile's, bit for bit."""
+    (`ir.RaggedRows`, float and dot-product tiles): at every length the kept rows equal the
+    whole tile's, bit for bit."""
+    if dtypes[0] == "uint8" and "avx512_vnni" not in ansor.Target.host().dot_products \
+            and "avx_vnni" not in ansor.Target.host().dot_products:
+        pytest.skip("this CPU has no int8 dot-product instruction")
     padded = 24
-    task = ansor.Task(_dense(padded))
+    task = ansor.Task(_dense(padded, dtypes))
     spec = LiveRowsSpec(1, 1, padded)
     rng = np.random.default_rng(7)
-    inputs = [rng.standard_normal(t.shape).astype(np.float32) for t in task.inputs]
-    want = inputs[0] @ inputs[1].T
+    if dtypes[0] == "uint8":
+        inputs = [rng.integers(0, 256, (1, padded, 32)).astype(np.uint8),
+                  rng.integers(-128, 128, (64, 32)).astype(np.int8)]
+        want = inputs[0].astype(np.int32) @ inputs[1].T.astype(np.int32)
+    else:
+        inputs = [rng.standard_normal(t.shape).astype(np.float32) for t in task.inputs]
+        want = inputs[0] @ inputs[1].T
     policy = SketchPolicy(task, seed=7)
     try:
         states = policy.sample(24)

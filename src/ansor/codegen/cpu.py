@@ -189,40 +189,55 @@ class CPrinter(CLikePrinter):
     # --- register tiles ---------------------------------------------------------------------
     def register_tile(self, tile: ir.RegisterTile, depth: int) -> None:
         """The accumulator in one vector variable per vector across the kept loops; each
-        update one vector statement."""
+        update one vector statement (one dot-product instruction in a dot-product tile). A
+        ragged tile (`ir.RaggedRows`) is printed whole where every row it holds is kept, and
+        again with only the kept rows' updates for the tile that straddles the length."""
         if tile.amx is not None:
             self.amx_tile(tile, depth)
             return
-        if tile.instruction is not None:
-            self.dot_product_tile(tile, depth)
-            return
+        dot = tile.instruction is not None
+        block = self._dot_product_block if dot else self._float_tile_block
         loops = tile.loops()
         d = depth
         for f in loops[:tile.outer]:
+            if dot:
+                d = self._open_loop(f, d)
+                continue
             var = self.names(f.var, f.var.name)
             self.ranges[id(f.var)] = (0, f.extent - 1)
             self.emit(f"for ({self.INDEX_TYPE} {var} = 0; {var} < {f.extent}; ++{var}) {{", d)
             d += 1
         ragged = tile.ragged
         if ragged is None:
-            self._float_tile_block(tile, d, None)
-        else:  # the tile whole where every row it holds is kept, else only the kept rows' updates
+            block(tile, d, None)
+        else:
             left = self.names.fresh("rows_left")
             self.emit(f"const {self.INDEX_TYPE} {left} = {self.expr(ragged.rows_left)};", d)
             self.emit(f"if ({left} > {max(ragged.slot_rows)}) {{", d)
-            self._float_tile_block(tile, d + 1, None)
+            block(tile, d + 1, None)
             if max(ragged.slot_rows) > 0:  # a block of one row is kept whole or not at all
                 self.emit("} else {", d)
-                self._float_tile_block(tile, d + 1, left)
+                block(tile, d + 1, left)
             self.emit("}", d)
         self._close_loops(d, tile.outer)
 
+    @staticmethod
+    def _updates_by_row(tile: ir.RegisterTile, rows_left: str | None) -> list[tuple[tuple, int | None]]:
+        """The tile's updates in printing order, each with the row whose `if (rows_left > row)`
+        opens before it (None: none). With `rows_left`, the updates go in row order, the rows'
+        tests nested so that an operand loaded for one row is in scope for the rows after it;
+        each accumulator still sees its updates in their order, so kept rows get the same
+        values as from the whole tile."""
+        if rows_left is None:
+            return [(update, None) for update in tile.updates]
+        rows = tile.ragged.slot_rows
+        ordered = sorted(tile.updates, key=lambda update: rows[update[0]])  # stable
+        return [(update, rows[update[0]] if n == 0 or rows[update[0]] != rows[ordered[n - 1][0]] else None)
+                for n, update in enumerate(ordered)]
+
     def _float_tile_block(self, tile: ir.RegisterTile, d: int, rows_left: str | None) -> None:
         """One block of a float register tile: its vectors loaded, the kept loops of updates, the
-        vectors stored. With `rows_left` (a ragged tile's count of kept rows), each row's updates
-        run under `if (rows_left > row)`, the rows' tests nested in row order so that an operand
-        loaded for one row is in scope for the rows after it; each accumulator still sees its
-        updates in their order, so kept rows get the same values as from the whole tile."""
+        vectors stored; with `rows_left`, only the kept rows' updates (`_updates_by_row`)."""
         loops = tile.loops()
         vt = self.use(f"ansor_f32x{tile.lanes}")
         acc = self.names(tile.buffer, tile.buffer.name)
@@ -241,14 +256,10 @@ class CPrinter(CLikePrinter):
         vector_loop = loops[-1]
         self.ranges[id(vector_loop.var)] = (0, vector_loop.extent - 1)
         loaded: dict[str, str] = {}
-        updates = list(tile.updates)
         guards = 0
-        if rows_left is not None:
-            rows = tile.ragged.slot_rows
-            updates.sort(key=lambda update: rows[update[0]])  # stable: each slot's updates keep their order
-        for n, (slot, value, start) in enumerate(updates):
-            if rows_left is not None and (n == 0 or rows[slot] != rows[updates[n - 1][0]]):
-                self.emit(f"if ({rows_left} > {rows[slot]}) {{", d)
+        for (slot, value, start), row in self._updates_by_row(tile, rows_left):
+            if row is not None:
+                self.emit(f"if ({rows_left} > {row}) {{", d)
                 d += 1
                 guards += 1
             rhs = self._vector_text(tile, vector_loop.var, value, E.Const(start, "int32"), loaded, d)
@@ -283,22 +294,20 @@ class CPrinter(CLikePrinter):
             return f"({a} {expr.op} {b})"
         return self.expr(expr)
 
-    def dot_product_tile(self, tile: ir.RegisterTile, depth: int) -> None:
-        """A register tile whose updates are one dot-product instruction each (immintrin.h),
-        the depth loop stepping by the instruction's depth."""
+    def _dot_product_block(self, tile: ir.RegisterTile, d: int, rows_left: str | None) -> None:
+        """One block of a register tile whose updates are one dot-product instruction each
+        (immintrin.h), the depth loop stepping by the instruction's depth; with `rows_left`,
+        only the kept rows' updates (`_updates_by_row`)."""
         ins = tile.instruction
         form = _VECTOR_FORMS[(ins.vector_bytes, ins.acc_dtype)]
         self.use("ansor_word32")
         loops = tile.loops()
         acc = self.names(tile.buffer, tile.buffer.name)
         regs = [self.names.fresh(f"{acc}_r{s}") for s in range(len(tile.offsets))]
-        d = depth
-        for f in loops[:tile.outer]:
-            d = self._open_loop(f, d)
         base = "" if tile.base is None or (isinstance(tile.base, E.Const) and tile.base.value == 0) \
             else f"{self.expr(tile.base)} + "
         self.emit(f"/* dot-product tile: {acc} in {len(regs)} {form.acc} variables across the reduction, "
-                  f"{ins.name} ({ins.depth} products per lane) */", d)
+                  f"{ins.name} ({ins.depth} products per lane)" + (", kept rows only */" if rows_left else " */"), d)
         self.emit("{", d)
         d += 1
         self.emit(f"{form.acc} " + ", ".join(f"{r} = {form.load_acc}((const void*)&{acc}[{base}{o}])"
@@ -326,15 +335,21 @@ class CPrinter(CLikePrinter):
                 self.emit(f"{form.operand} {name} = {text};", d)
             return name
 
-        for slot, value, start in tile.updates:
+        guards = 0
+        for (slot, value, start), row in self._updates_by_row(tile, rows_left):
+            if row is not None:
+                self.emit(f"if ({rows_left} > {row}) {{", d)
+                d += 1
+                guards += 1
             _, lhs, rhs = operand_roles(value, tile.buffer.dtype, (ins.feature,), ins.vector_bytes)
             a = operand(lhs, start, lambda p: f"{form.broadcast}(ansor_word32({p}))")
             b = operand(rhs, start, lambda p: f"{form.load_operand}((const void*){p})")
             self.emit(f"{regs[slot]} = {ins.intrinsic}({regs[slot]}, {form.cast}{a}, {form.cast}{b});", d)
+        d = self._close_loops(d, guards)
         d = self._close_loops(d, tile.kept - tile.outer)  # the depth loop and the kept ones
         for o, r in zip(tile.offsets, regs):
             self.emit(f"{form.store_acc}((void*)&{acc}[{base}{o}], {r});", d)
-        self._close_loops(d, tile.outer + 1)
+        self._close_loops(d, 1)
 
     def amx_tile(self, tile: ir.RegisterTile, depth: int) -> None:
         """A dot-product register tile as AMX tiles (`ir.AmxShape`): the accumulator tiles

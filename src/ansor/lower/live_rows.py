@@ -184,9 +184,10 @@ class _Skipper:
 
 
 def _with_ragged_tiles(alloc: ir.Allocate, plan: LiveRowsPlan) -> ir.Stmt:
-    """The allocation's body with each float register tile of its accumulator that is copied
-    into the output's rows made ragged (`ir.RaggedRows`): skipping the updates of padded rows
-    changes nothing but those rows, which are set to zero at the end."""
+    """The allocation's body with each register tile of its accumulator that is copied into
+    the output's rows made ragged (`ir.RaggedRows`; float and dot-product tiles, AMX tiles stay
+    whole): skipping the updates of padded rows changes nothing but those rows, which are set
+    to zero at the end."""
     acc = alloc.buffer
     parts = flat_seq(alloc.body)
     if acc.scope != "local" or not any(isinstance(p, ir.RegisterTile) and p.buffer is acc for p in parts):
@@ -200,7 +201,7 @@ def _with_ragged_tiles(alloc: ir.Allocate, plan: LiveRowsPlan) -> ir.Stmt:
     row0, element_rows = rows
     out = []
     for part in parts:
-        if isinstance(part, ir.RegisterTile) and part.buffer is acc and part.instruction is None and part.amx is None:
+        if isinstance(part, ir.RegisterTile) and part.buffer is acc and part.amx is None:
             ragged = _ragged_rows(part, element_rows, simplify(plan.live - row0))
             part = part if ragged is None else replace(part, ragged=ragged)
         out.append(part)
@@ -225,7 +226,8 @@ def _rows_of_elements(copy: ir.Stmt, acc: ir.Buffer, plan: LiveRowsPlan) -> tupl
     if (not isinstance(node, ir.Store) or node.buffer is not plan.output
             or math.prod(f.extent for f in loops) > MAX_COPY_POINTS):
         return None
-    elements = [acc.flat_index(n.indices) for n in E.walk(node.value) if isinstance(n, ir.BufferLoad) and n.buffer is acc]
+    elements = [acc.flat_index(n.indices) for n in E.walk(node.value)
+                if isinstance(n, ir.BufferLoad) and n.buffer is acc]
     if not elements:
         return None
     row = node.indices[plan.spec.axis]
