@@ -9,6 +9,7 @@ for a program with stages that depend on constant inputs alone, `<entry>_prepack
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ansor.codegen import cpu_prelude
@@ -171,7 +172,7 @@ class CPrinter(CLikePrinter):
         plan = self.func.attrs.get("live_rows")
         if plan is None:
             return ""
-        lines = [f"\n/* the call's length (rows past it are padding, skipped and set to zero) */",
+        lines = ["\n/* the call's length (rows past it are padding, skipped and set to zero) */",
                  f"int {live_rows.GLOBAL} = {plan.spec.padded};"]
         for loop, table in plan.trip_tables.values():
             lines.append(f"static const int32_t {plan.trips_name(loop)}[{len(table)}] = "
@@ -235,6 +236,19 @@ class CPrinter(CLikePrinter):
         return [(update, rows[update[0]] if n == 0 or rows[update[0]] != rows[ordered[n - 1][0]] else None)
                 for n, update in enumerate(ordered)]
 
+    def _print_updates(self, tile: ir.RegisterTile, rows_left: str | None, d: int,
+                       print_update: Callable[[int, E.Expr, int, int], None]) -> int:
+        """`print_update(slot, value, start, depth)` for each of the tile's updates, in
+        `_updates_by_row` order under their rows' tests; the depth after the tests close."""
+        guards = 0
+        for (slot, value, start), row in self._updates_by_row(tile, rows_left):
+            if row is not None:
+                self.emit(f"if ({rows_left} > {row}) {{", d)
+                d += 1
+                guards += 1
+            print_update(slot, value, start, d)
+        return self._close_loops(d, guards)
+
     def _float_tile_block(self, tile: ir.RegisterTile, d: int, rows_left: str | None) -> None:
         """One block of a float register tile: its vectors loaded, the kept loops of updates, the
         vectors stored; with `rows_left`, only the kept rows' updates (`_updates_by_row`)."""
@@ -256,15 +270,12 @@ class CPrinter(CLikePrinter):
         vector_loop = loops[-1]
         self.ranges[id(vector_loop.var)] = (0, vector_loop.extent - 1)
         loaded: dict[str, str] = {}
-        guards = 0
-        for (slot, value, start), row in self._updates_by_row(tile, rows_left):
-            if row is not None:
-                self.emit(f"if ({rows_left} > {row}) {{", d)
-                d += 1
-                guards += 1
-            rhs = self._vector_text(tile, vector_loop.var, value, E.Const(start, "int32"), loaded, d)
-            self.emit(f"{regs[slot]} = {regs[slot]} + {rhs};", d)
-        d = self._close_loops(d, guards)
+
+        def update(slot: int, value: E.Expr, start: int, depth: int) -> None:
+            rhs = self._vector_text(tile, vector_loop.var, value, E.Const(start, "int32"), loaded, depth)
+            self.emit(f"{regs[slot]} = {regs[slot]} + {rhs};", depth)
+
+        d = self._print_updates(tile, rows_left, d, update)
         d = self._close_loops(d, tile.kept - tile.outer)
         for o, r in zip(tile.offsets, regs):
             self.emit(f"*({vt}*)&{acc}[{base}{o}] = {r};", d)
@@ -325,27 +336,23 @@ class CPrinter(CLikePrinter):
         d += 1
         made: dict[str, str] = {}
 
-        def operand(load: ir.BufferLoad, start: int, text_of) -> str:
+        def operand(load: ir.BufferLoad, start: int, text_of, depth: int) -> str:
             bound = {depth_loop.var: group * ins.depth, vector_loop.var: E.Const(start, "int32")}
             moved = E.substitute(load, bound)
             text = text_of(f"&{self.names(load.buffer, load.buffer.name)}[{self.flat_index(load.buffer, moved.indices)}]")
             name = made.get(text)
             if name is None:
                 name = made[text] = self.names.fresh("dp")
-                self.emit(f"{form.operand} {name} = {text};", d)
+                self.emit(f"{form.operand} {name} = {text};", depth)
             return name
 
-        guards = 0
-        for (slot, value, start), row in self._updates_by_row(tile, rows_left):
-            if row is not None:
-                self.emit(f"if ({rows_left} > {row}) {{", d)
-                d += 1
-                guards += 1
+        def update(slot: int, value: E.Expr, start: int, depth: int) -> None:
             _, lhs, rhs = operand_roles(value, tile.buffer.dtype, (ins.feature,), ins.vector_bytes)
-            a = operand(lhs, start, lambda p: f"{form.broadcast}(ansor_word32({p}))")
-            b = operand(rhs, start, lambda p: f"{form.load_operand}((const void*){p})")
-            self.emit(f"{regs[slot]} = {ins.intrinsic}({regs[slot]}, {form.cast}{a}, {form.cast}{b});", d)
-        d = self._close_loops(d, guards)
+            a = operand(lhs, start, lambda p: f"{form.broadcast}(ansor_word32({p}))", depth)
+            b = operand(rhs, start, lambda p: f"{form.load_operand}((const void*){p})", depth)
+            self.emit(f"{regs[slot]} = {ins.intrinsic}({regs[slot]}, {form.cast}{a}, {form.cast}{b});", depth)
+
+        d = self._print_updates(tile, rows_left, d, update)
         d = self._close_loops(d, tile.kept - tile.outer)  # the depth loop and the kept ones
         for o, r in zip(tile.offsets, regs):
             self.emit(f"{form.store_acc}((void*)&{acc}[{base}{o}], {r});", d)
