@@ -222,27 +222,22 @@ class CPrinter(CLikePrinter):
             self.emit("}", d)
         self._close_loops(d, tile.outer)
 
-    @staticmethod
-    def _updates_by_row(tile: ir.RegisterTile, rows_left: str | None) -> list[tuple[tuple, int | None]]:
-        """The tile's updates in printing order, each with the row whose `if (rows_left > row)`
-        opens before it (None: none). With `rows_left`, the updates go in row order, the rows'
-        tests nested so that an operand loaded for one row is in scope for the rows after it;
-        each accumulator still sees its updates in their order, so kept rows get the same
-        values as from the whole tile."""
-        if rows_left is None:
-            return [(update, None) for update in tile.updates]
-        rows = tile.ragged.slot_rows
-        ordered = sorted(tile.updates, key=lambda update: rows[update[0]])  # stable
-        return [(update, rows[update[0]] if n == 0 or rows[update[0]] != rows[ordered[n - 1][0]] else None)
-                for n, update in enumerate(ordered)]
-
     def _print_updates(self, tile: ir.RegisterTile, rows_left: str | None, d: int,
                        print_update: Callable[[int, E.Expr, int, int], None]) -> int:
-        """`print_update(slot, value, start, depth)` for each of the tile's updates, in
-        `_updates_by_row` order under their rows' tests; the depth after the tests close."""
-        guards = 0
-        for (slot, value, start), row in self._updates_by_row(tile, rows_left):
-            if row is not None:
+        """`print_update(slot, value, start, depth)` for each of the tile's updates; the depth
+        after them. With `rows_left` (a ragged tile's kept rows), the updates go in row order
+        under `if (rows_left > row)` tests, nested so that an operand loaded for one row is in
+        scope for the rows after it; each accumulator still sees its updates in their order,
+        so kept rows get the same values as from the whole tile."""
+        if rows_left is None:
+            for slot, value, start in tile.updates:
+                print_update(slot, value, start, d)
+            return d
+        rows = tile.ragged.slot_rows
+        guards, row = 0, None
+        for slot, value, start in sorted(tile.updates, key=lambda update: rows[update[0]]):  # stable
+            if rows[slot] != row:
+                row = rows[slot]
                 self.emit(f"if ({rows_left} > {row}) {{", d)
                 d += 1
                 guards += 1
@@ -251,7 +246,7 @@ class CPrinter(CLikePrinter):
 
     def _float_tile_block(self, tile: ir.RegisterTile, d: int, rows_left: str | None) -> None:
         """One block of a float register tile: its vectors loaded, the kept loops of updates, the
-        vectors stored; with `rows_left`, only the kept rows' updates (`_updates_by_row`)."""
+        vectors stored; with `rows_left`, only the kept rows' updates (`_print_updates`)."""
         loops = tile.loops()
         vt = self.use(f"ansor_f32x{tile.lanes}")
         acc = self.names(tile.buffer, tile.buffer.name)
@@ -308,7 +303,7 @@ class CPrinter(CLikePrinter):
     def _dot_product_block(self, tile: ir.RegisterTile, d: int, rows_left: str | None) -> None:
         """One block of a register tile whose updates are one dot-product instruction each
         (immintrin.h), the depth loop stepping by the instruction's depth; with `rows_left`,
-        only the kept rows' updates (`_updates_by_row`)."""
+        only the kept rows' updates (`_print_updates`)."""
         ins = tile.instruction
         form = _VECTOR_FORMS[(ins.vector_bytes, ins.acc_dtype)]
         self.use("ansor_word32")

@@ -192,7 +192,7 @@ def _with_ragged_tiles(alloc: ir.Allocate, plan: LiveRowsPlan) -> ir.Stmt:
     parts = flat_seq(alloc.body)
     if acc.scope != "local" or not any(isinstance(p, ir.RegisterTile) and p.buffer is acc for p in parts):
         return alloc.body
-    readers = [p for p in parts if not isinstance(p, ir.RegisterTile) and _reads(p, acc)]
+    readers = [p for p in parts if not isinstance(p, ir.RegisterTile) and _load_counts(p).get(id(acc))]
     if len(readers) != 1:
         return alloc.body
     rows = _rows_of_elements(readers[0], acc, plan)
@@ -206,10 +206,6 @@ def _with_ragged_tiles(alloc: ir.Allocate, plan: LiveRowsPlan) -> ir.Stmt:
             part = part if ragged is None else replace(part, ragged=ragged)
         out.append(part)
     return out[0] if len(out) == 1 else ir.Seq(out)
-
-
-def _reads(stmt: ir.Stmt, buf: ir.Buffer) -> bool:
-    return any(isinstance(n, ir.BufferLoad) and n.buffer is buf for e in _exprs(stmt) for n in E.walk(e))
 
 
 def _rows_of_elements(copy: ir.Stmt, acc: ir.Buffer, plan: LiveRowsPlan) -> tuple[E.Expr, dict[int, int]] | None:
